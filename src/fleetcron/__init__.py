@@ -1,0 +1,42 @@
+"""fleetcron: scheduled jobs that run exactly once across a fleet of replicas.
+
+The public surface is what ``__all__`` lists; everything else is private.
+"""
+
+from __future__ import annotations
+
+from fleetcron.clock import Clock, SystemClock
+from fleetcron.errors import (
+    ConfigurationError,
+    FleetcronError,
+    LeaseLost,
+    LockBusy,
+    LockError,
+    SchemaError,
+    StoreError,
+    StoreUnavailable,
+)
+from fleetcron.fleet import AsyncFleet, Fleet
+from fleetcron.lease import AsyncLease, Lease
+from fleetcron.models import LeaseRecord
+
+__all__ = [
+    "AsyncFleet",
+    "AsyncLease",
+    "Clock",
+    "ConfigurationError",
+    "Fleet",
+    "FleetcronError",
+    "Lease",
+    "LeaseLost",
+    "LeaseRecord",
+    "LockBusy",
+    "LockError",
+    "SchemaError",
+    "StoreError",
+    "StoreUnavailable",
+    "SystemClock",
+    "__version__",
+]
+
+__version__ = "0.1.0.dev0"

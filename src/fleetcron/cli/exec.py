@@ -1,0 +1,285 @@
+"""``fleetcron exec NAME [options] -- COMMAND…``: the cross-host ``flock -n``.
+
+The command runs only while this process holds the lease ``NAME``; it is started as an
+argv (never through a shell) in a process group of its own, so that everything it starts
+can be stopped together when the lease is lost or ``--timeout`` elapses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+
+from fleetcron._log import log
+from fleetcron.cli.exitcodes import (
+    EXIT_CANNOT_EXECUTE,
+    EXIT_LEASE_LOST,
+    EXIT_NOT_FOUND,
+    EXIT_TIMEOUT,
+)
+from fleetcron.durations import to_micros
+from fleetcron.errors import ConfigurationError
+from fleetcron.fleet import Fleet
+from fleetcron.lease import Lease
+
+__all__ = ["ExecOptions", "child_environment", "exec_options", "run_exec"]
+
+_SECRET_VARS = ("FLEETCRON_BACKEND", "PGPASSWORD", "MYSQL_PWD", "REDISCLI_AUTH")
+_POLL_SECONDS = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class ExecOptions:
+    """Validated options of one ``exec`` invocation (durations in µs)."""
+
+    name: str
+    command: tuple[str, ...]
+    lock_at_most: str
+    lock_at_least: str
+    keepalive: bool
+    timeout_us: int | None
+    wait: str | None
+    skipped_exit_code: int
+    kill_grace_us: int
+
+
+def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
+    """Check everything before any state is touched; raise ConfigurationError."""
+    if not command:
+        raise ConfigurationError("exec needs a command after '--', e.g. -- /opt/app/job.sh")
+    most = to_micros(args.lock_at_most, what="--lock-at-most")
+    timeout = None if args.timeout is None else to_micros(args.timeout, what="--timeout")
+    if timeout is not None and timeout <= 0:
+        raise ConfigurationError(f"--timeout must be positive, got {args.timeout!r}")
+    if args.wait is not None and to_micros(args.wait, what="--wait") < 0:
+        raise ConfigurationError(f"--wait must not be negative, got {args.wait!r}")
+    if not 0 <= args.skipped_exit_code <= 255:
+        raise ConfigurationError(
+            f"--skipped-exit-code must be between 0 and 255, got {args.skipped_exit_code}"
+        )
+    grace = (
+        min(5_000_000, most // 6)
+        if args.kill_grace is None
+        else to_micros(args.kill_grace, what="--kill-grace")
+    )
+    if grace < 0:
+        raise ConfigurationError(f"--kill-grace must not be negative, got {args.kill_grace!r}")
+    return ExecOptions(
+        name=args.name,
+        command=tuple(command),
+        lock_at_most=args.lock_at_most,
+        lock_at_least=args.lock_at_least,
+        keepalive=not args.no_keepalive,
+        timeout_us=timeout,
+        wait=args.wait,
+        skipped_exit_code=args.skipped_exit_code,
+        kill_grace_us=grace,
+    )
+
+
+def child_environment(
+    base: Mapping[str, str], backend_url: str | None, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """The command's environment: ``base`` less the store's credentials, plus ``extra``."""
+    secrets: list[str] = []
+    if backend_url:
+        secrets.append(backend_url)
+        password = urllib.parse.urlsplit(backend_url).password
+        if password:
+            secrets.extend({password, urllib.parse.unquote(password)})
+    env = {
+        key: value
+        for key, value in base.items()
+        if key not in _SECRET_VARS and not any(secret in value for secret in secrets)
+    }
+    env.update(extra)
+    return env
+
+
+class _Supervisor:
+    """Runs the child and stops its process group when it must stop."""
+
+    def __init__(self, child: subprocess.Popen[bytes], grace_s: float) -> None:
+        self.child = child
+        self.grace_s = grace_s
+        self.reason: str | None = None
+        self._kill_at: float | None = None
+        self._lock = threading.Lock()
+
+    def stop(self, reason: str, *, kill_at: float | None = None) -> None:
+        """SIGTERM the group now (first reason wins); SIGKILL at ``kill_at`` or after grace."""
+        with self._lock:
+            if self.reason is None:
+                self.reason = reason
+                self._signal(signal.SIGTERM)
+            deadline = kill_at if kill_at is not None else time.monotonic() + self.grace_s
+            if self._kill_at is None or deadline < self._kill_at:
+                self._kill_at = deadline
+
+    def forward(self, signum: int) -> None:
+        self._signal(signal.Signals(signum))
+
+    def _signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.child.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def escalate(self) -> None:
+        with self._lock:
+            if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                self._signal(signal.SIGKILL)
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int:
+    """Take the lease, run the command, release; return the exit status (see exitcodes)."""
+    lease = fleet.try_lock(
+        options.name,
+        lock_at_most=options.lock_at_most,
+        lock_at_least=options.lock_at_least,
+        keepalive=options.keepalive,
+        wait=options.wait,
+    )
+    if lease is None:
+        log.info(
+            "lock %s is held by another holder; %s skipped",
+            options.name,
+            options.command[0],
+            extra={"action": "lock_skipped", "lock": options.name},
+        )
+        return options.skipped_exit_code
+    with _released(lease):
+        return _supervise(lease, options, backend_url)
+
+
+class _released:
+    """Release the lease however supervision ends (the lease may already be lost)."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+
+    def __enter__(self) -> Lease:
+        return self.lease
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.lease.release()
+        except Exception as error:
+            log.warning(
+                "releasing %s failed: %s (it expires at the end of its lease)",
+                self.lease.name,
+                error,
+                extra={"action": "lock_release_failed", "lock": self.lease.name},
+            )
+
+
+def _supervise(lease: Lease, options: ExecOptions, backend_url: str | None) -> int:
+    run_id = str(uuid.uuid4())
+    env = child_environment(
+        os.environ,
+        backend_url,
+        {
+            "FLEETCRON_JOB": options.name,
+            "FLEETCRON_FENCE": str(lease.fence),
+            "FLEETCRON_RUN_ID": run_id,
+            "FLEETCRON_NAMESPACE": lease.namespace,
+        },
+    )
+    try:
+        child = subprocess.Popen(options.command, env=env, start_new_session=True)
+    except FileNotFoundError:
+        log.error(
+            "command not found: %s",
+            options.command[0],
+            extra={"action": "run_failed", "lock": options.name},
+        )
+        return EXIT_NOT_FOUND
+    except PermissionError:
+        log.error(
+            "command cannot be executed: %s",
+            options.command[0],
+            extra={"action": "run_failed", "lock": options.name},
+        )
+        return EXIT_CANNOT_EXECUTE
+    log.info(
+        "running %s under %s (fence %d, run %s)",
+        options.command[0],
+        options.name,
+        lease.fence,
+        run_id,
+        extra={"action": "run_started", "lock": options.name, "fence": lease.fence},
+    )
+    grace_s = options.kill_grace_us / 1e6
+    supervisor = _Supervisor(child, grace_s)
+    lease.on_lost(lambda _: supervisor.stop("lease_lost"))
+    previous = {
+        sig: signal.signal(sig, _forwarder(supervisor))
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    }
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                returncode = child.wait(timeout=_POLL_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            deadline_s = lease.remaining_us() / 1e6
+            # Without a successful renewal the group must be gone by the local deadline:
+            # SIGTERM a grace period before it, SIGKILL at it.
+            if deadline_s <= grace_s:
+                supervisor.stop("lease_lost", kill_at=now + max(deadline_s, 0))
+            if options.timeout_us is not None and now - started >= options.timeout_us / 1e6:
+                supervisor.stop("timeout")
+            supervisor.escalate()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if supervisor.reason == "lease_lost" or lease.is_lost:
+        log.error(
+            "lease on %s lost; command stopped (exit %d)",
+            options.name,
+            _status(returncode),
+            extra={"action": "run_lost", "lock": options.name, "fence": lease.fence},
+        )
+        return EXIT_LEASE_LOST
+    if supervisor.reason == "timeout":
+        log.error(
+            "%s timed out; command stopped",
+            options.name,
+            extra={"action": "run_timeout", "lock": options.name},
+        )
+        return EXIT_TIMEOUT
+    status = _status(returncode)
+    log.info(
+        "%s finished with status %d",
+        options.name,
+        status,
+        extra={
+            "action": "run_succeeded" if status == 0 else "run_failed",
+            "lock": options.name,
+            "exit_code": status,
+        },
+    )
+    return status
+
+
+def _forwarder(supervisor: _Supervisor) -> Callable[[int, FrameType | None], None]:
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        supervisor.forward(signum)
+
+    return forward

@@ -1,0 +1,233 @@
+"""Entry point of the ``fleetcron`` command: argument parsing, errors, exit statuses.
+
+A user mistake never produces a traceback: it is one line on stderr naming what is wrong,
+and a non-zero exit before any state is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from fleetcron import __version__
+from fleetcron.cli.exitcodes import EXIT_STORE_UNAVAILABLE, EXIT_USAGE
+from fleetcron.durations import format_duration, to_micros
+from fleetcron.errors import ConfigurationError, FleetcronError, StoreError
+from fleetcron.fleet import DEFAULT_LOCK_AT_MOST, Fleet, resolve_namespace
+from fleetcron.models import LeaseRecord
+from fleetcron.stores import open_store, resolve_backend
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"fleetcron: error: {message} (see {self.prog} --help)\n")
+
+
+def _common() -> _Parser:
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--backend",
+        default=argparse.SUPPRESS,
+        metavar="URL",
+        help="store URL (default: $FLEETCRON_BACKEND, else SQLite at the XDG state path)",
+    )
+    common.add_argument(
+        "--namespace",
+        default=argparse.SUPPRESS,
+        metavar="NS",
+        help="namespace of every name (default: $FLEETCRON_NAMESPACE, else 'default')",
+    )
+    common.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more"
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``fleetcron`` argument parser."""
+    common = _common()
+    parser = _Parser(
+        prog="fleetcron",
+        description="Run scheduled jobs exactly once across a fleet of replicas.",
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"fleetcron {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    exec_ = commands.add_parser(
+        "exec",
+        parents=[common],
+        help="run a command only while holding a lease (cross-host flock -n)",
+        description="Run COMMAND only if no other replica holds the lease NAME.",
+        usage="fleetcron exec NAME [options] -- COMMAND [ARG...]",
+    )
+    exec_.add_argument("name", metavar="NAME", help="lock name shared by every replica")
+    exec_.add_argument("--lock-at-most", default=DEFAULT_LOCK_AT_MOST, metavar="D")
+    exec_.add_argument("--lock-at-least", default="0s", metavar="D")
+    exec_.add_argument(
+        "--no-keepalive",
+        action="store_true",
+        help="do not renew; the command is killed when --lock-at-most elapses",
+    )
+    exec_.add_argument("--timeout", metavar="D", help="kill the command after D (exit 124)")
+    exec_.add_argument("--wait", metavar="D", help="wait up to D for the lease instead of skipping")
+    exec_.add_argument(
+        "--skipped-exit-code", type=int, default=0, metavar="N", help="status when skipped"
+    )
+    exec_.add_argument(
+        "--kill-grace", metavar="D", help="SIGTERM→SIGKILL delay (default min(5s, most/6))"
+    )
+
+    locks = commands.add_parser("locks", parents=[common], help="list leases")
+    locks.add_argument("--json", action="store_true", help="machine-readable output")
+
+    prune = commands.add_parser("prune", parents=[common], help="delete long-unused lease rows")
+    prune.add_argument("--older-than", default="30d", metavar="D")
+    prune.add_argument("--dry-run", action="store_true")
+
+    commands.add_parser("migrate", parents=[common], help="create or upgrade the store's schema")
+    return parser
+
+
+def _configure_logging(verbosity: int) -> None:
+    level = os.environ.get("FLEETCRON_LOG_LEVEL", "").upper() or (
+        "WARNING" if verbosity == 0 else "INFO" if verbosity == 1 else "DEBUG"
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("fleetcron: %(message)s"))
+    logger = logging.getLogger("fleetcron")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level if level in logging.getLevelNamesMapping() else "WARNING")
+    logger.propagate = False
+
+
+def _fleet(args: argparse.Namespace) -> Fleet:
+    namespace = resolve_namespace(getattr(args, "namespace", None))
+    url = resolve_backend(getattr(args, "backend", None))
+    return Fleet(open_store(url), namespace=namespace)
+
+
+def _print_locks(records: list[LeaseRecord], as_json: bool) -> None:
+    if as_json:
+        rows = [
+            {
+                "name": r.name,
+                "holder": r.holder_display,
+                "fence": r.fence,
+                "held": r.held,
+                "acquired_at": r.acquired_at.isoformat(),
+                "expires_at": r.expires_at.isoformat(),
+                "held_for_s": round((r.now_us - r.acquired_us) / 1e6, 3) if r.held else None,
+                "expires_in_s": round((r.expires_us - r.now_us) / 1e6, 3) if r.held else None,
+            }
+            for r in records
+        ]
+        print(json.dumps(rows, indent=2))  # noqa: T201
+        return
+    if not records:
+        print("no leases")  # noqa: T201
+        return
+    header = ("NAME", "STATE", "HOLDER", "FENCE", "HELD FOR", "EXPIRES IN")
+    table = [header]
+    for r in records:
+        held = r.held
+        table.append(
+            (
+                r.name,
+                "held" if held else "free",
+                r.holder_display if held else "-",
+                str(r.fence),
+                format_duration(r.now_us - r.acquired_us) if held else "-",
+                format_duration(r.expires_us - r.now_us) if held else "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())  # noqa: T201
+
+
+def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    if args.command == "exec":
+        from fleetcron.cli.exec import exec_options, run_exec
+
+        options = exec_options(args, command)
+        namespace = resolve_namespace(getattr(args, "namespace", None))
+        url = resolve_backend(getattr(args, "backend", None))
+        from fleetcron.fleet import lease_terms
+
+        lease_terms(
+            namespace,
+            options.name,
+            lock_at_most=options.lock_at_most,
+            lock_at_least=options.lock_at_least,
+            keepalive=options.keepalive,
+        )  # validate before connecting
+        with Fleet(open_store(url), namespace=namespace) as fleet:
+            return run_exec(fleet, options, url.raw)
+    if command:
+        raise ConfigurationError(f"unexpected arguments after '--': {' '.join(command)}")
+    if args.command == "locks":
+        with _fleet(args) as fleet:
+            _print_locks(fleet.locks(), args.json)
+        return 0
+    if args.command == "prune":
+        older = to_micros(args.older_than, what="--older-than")
+        if older <= 0:
+            raise ConfigurationError(f"--older-than must be positive, got {args.older_than!r}")
+        with _fleet(args) as fleet:
+            names = fleet.prune(args.older_than, dry_run=args.dry_run)
+        verb = "would delete" if args.dry_run else "deleted"
+        print(f"{verb} {len(names)} lease row(s)")  # noqa: T201
+        for name in names:
+            print(f"  {name}")  # noqa: T201
+        return 0
+    if args.command == "migrate":
+        url = resolve_backend(getattr(args, "backend", None))
+        store = open_store(url, auto_migrate=False)
+        try:
+            applied = store.migrate()
+        finally:
+            store.close()
+        if applied:
+            print(f"applied {', '.join(applied)} to {url.redacted}")  # noqa: T201
+        else:
+            print(f"schema of {url.redacted} is up to date")  # noqa: T201
+        return 0
+    raise ConfigurationError("no command given (try: fleetcron --help)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in arguments:
+        split = arguments.index("--")
+        arguments, command = arguments[:split], arguments[split + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(arguments)
+    _configure_logging(getattr(args, "verbose", 0))
+    try:
+        return _dispatch(args, command)
+    except ConfigurationError as exc:
+        print(f"fleetcron: error: {exc.message}", file=sys.stderr)  # noqa: T201
+        return EXIT_USAGE
+    except StoreError as exc:
+        print(f"fleetcron: store unavailable: {exc.message}", file=sys.stderr)  # noqa: T201
+        return EXIT_STORE_UNAVAILABLE
+    except FleetcronError as exc:
+        print(f"fleetcron: error: {exc.message}", file=sys.stderr)  # noqa: T201
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""The entry point: :class:`Fleet` (sync) and :class:`AsyncFleet` (asyncio).
+
+A fleet is one store and one namespace. Locks taken through it are leases in the store,
+each with a fencing token::
+
+    fleet = fleetcron.Fleet("postgresql://app@db/app", namespace="prod")
+    with fleet.lock("report", lock_at_most="10m", lock_at_least="30s") as lease:
+        write_report(fence=lease.fence)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, cast
+
+from fleetcron._log import log
+from fleetcron.clock import SYSTEM_CLOCK, Clock
+from fleetcron.durations import DurationLike, to_micros
+from fleetcron.errors import ConfigurationError, LockBusy
+from fleetcron.lease import AsyncLease, Lease, LeaseTerms, new_holder
+from fleetcron.models import LeaseRecord
+from fleetcron.names import validate_name, validate_namespace
+from fleetcron.stores import AsyncStore, SyncStore, open_async_store, open_store, resolve_backend
+
+__all__ = ["DEFAULT_LOCK_AT_MOST", "NAMESPACE_ENV", "AsyncFleet", "Fleet", "lease_terms"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+NAMESPACE_ENV = "FLEETCRON_NAMESPACE"
+DEFAULT_LOCK_AT_MOST = "10m"
+_MIN_LOCK_AT_MOST_US = 100_000
+
+
+def resolve_namespace(explicit: str | None) -> str:
+    """Namespace: explicit > ``$FLEETCRON_NAMESPACE`` > ``default``."""
+    return validate_namespace(explicit or os.environ.get(NAMESPACE_ENV) or "default")
+
+
+def lease_terms(
+    namespace: str,
+    name: str,
+    *,
+    lock_at_most: DurationLike,
+    lock_at_least: DurationLike,
+    keepalive: bool,
+) -> LeaseTerms:
+    """Validate a lock request; every problem is a :class:`ConfigurationError`."""
+    most = to_micros(lock_at_most, what="lock_at_most")
+    least = to_micros(lock_at_least, what="lock_at_least")
+    if most <= 0:
+        raise ConfigurationError(f"lock_at_most must be positive, got {lock_at_most!r}")
+    if most < _MIN_LOCK_AT_MOST_US:
+        raise ConfigurationError(f"lock_at_most must be at least 100ms, got {lock_at_most!r}")
+    if least < 0:
+        raise ConfigurationError(f"lock_at_least must not be negative, got {lock_at_least!r}")
+    if least > most:
+        raise ConfigurationError(
+            f"lock_at_least ({lock_at_least}) is longer than lock_at_most ({lock_at_most})"
+        )
+    return LeaseTerms(
+        namespace=namespace,
+        name=validate_name(name),
+        lock_at_most_us=most,
+        lock_at_least_us=least,
+        keepalive=keepalive,
+    )
+
+
+def _wait_micros(wait: DurationLike | None) -> int:
+    if wait is None:
+        return 0
+    micros = to_micros(wait, what="wait")
+    if micros < 0:
+        raise ConfigurationError(f"wait must not be negative, got {wait!r}")
+    return micros
+
+
+def _backoff(attempt: int) -> float:
+    # 50 ms doubling to 1 s, jittered so waiters do not retry in lock step.
+    return min(1.0, 0.05 * 2.0**attempt) * random.uniform(0.5, 1.0)
+
+
+def _log_skipped(terms: LeaseTerms) -> None:
+    log.info(
+        "lock %s is held elsewhere; skipped",
+        terms.name,
+        extra={"action": "lock_skipped", "lock": terms.name, "namespace": terms.namespace},
+    )
+
+
+def _log_acquired(lease: Lease | AsyncLease) -> None:
+    log.info(
+        "acquired %s (fence %d)",
+        lease.name,
+        lease.fence,
+        extra={"action": "lock_acquired", "lock": lease.name, "fence": lease.fence},
+    )
+
+
+class Fleet:
+    """A store and a namespace; hands out leases with fencing tokens (sync API).
+
+    ``backend`` is a URL (``sqlite:///…``, ``postgresql://…``, ``mysql://…``,
+    ``redis://…``, ``memory://``), an already-open store, or ``None`` for
+    ``$FLEETCRON_BACKEND`` or the SQLite default. Connecting happens here, so an
+    unreachable store raises :class:`~fleetcron.errors.StoreUnavailable` at once.
+    """
+
+    def __init__(
+        self,
+        backend: str | SyncStore | None = None,
+        *,
+        namespace: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.namespace = resolve_namespace(namespace)
+        self.clock = clock
+        if backend is None or isinstance(backend, str):
+            self.store: SyncStore = open_store(resolve_backend(backend))
+            self._owns_store = True
+        else:
+            self.store = backend
+            self._owns_store = False
+
+    def _terms(
+        self, name: str, lock_at_most: DurationLike, lock_at_least: DurationLike, keepalive: bool
+    ) -> LeaseTerms:
+        return lease_terms(
+            self.namespace,
+            name,
+            lock_at_most=lock_at_most,
+            lock_at_least=lock_at_least,
+            keepalive=keepalive,
+        )
+
+    def _acquire(self, terms: LeaseTerms) -> Lease | None:
+        sent = self.clock.monotonic_us()
+        record = self.store.run(
+            self.store.ops.lease_acquire(
+                terms.namespace,
+                terms.name,
+                new_holder(),
+                terms.lock_at_most_us,
+                terms.lock_at_least_us,
+            )
+        )
+        if record is None:
+            return None
+        lease = Lease(self.store, terms, record, sent_us=sent, clock=self.clock)
+        if terms.keepalive:
+            lease.start_keepalive()
+        _log_acquired(lease)
+        return lease
+
+    def try_lock(
+        self,
+        name: str,
+        *,
+        lock_at_most: DurationLike = DEFAULT_LOCK_AT_MOST,
+        lock_at_least: DurationLike = 0,
+        keepalive: bool = True,
+        wait: DurationLike | None = None,
+    ) -> Lease | None:
+        """Take the lease ``name`` or return ``None`` when another holder has it.
+
+        With ``wait``, retry (with jittered back-off) for up to that long first.
+        Contention is never an error here; store failures raise ``StoreError``.
+        """
+        terms = self._terms(name, lock_at_most, lock_at_least, keepalive)
+        wait_us = _wait_micros(wait)
+        give_up = self.clock.monotonic_us() + wait_us
+        attempt = 0
+        while True:
+            lease = self._acquire(terms)
+            if lease is not None:
+                return lease
+            left = give_up - self.clock.monotonic_us()
+            if left <= 0:
+                _log_skipped(terms)
+                return None
+            time.sleep(min(_backoff(attempt), left / 1e6))
+            attempt += 1
+
+    def lock(
+        self,
+        name: str,
+        *,
+        lock_at_most: DurationLike = DEFAULT_LOCK_AT_MOST,
+        lock_at_least: DurationLike = 0,
+        keepalive: bool = True,
+        wait: DurationLike | None = None,
+    ) -> Lease:
+        """Take the lease ``name`` or raise :class:`~fleetcron.errors.LockBusy`.
+
+        The returned :class:`Lease` is a context manager that releases on exit.
+        """
+        lease = self.try_lock(
+            name,
+            lock_at_most=lock_at_most,
+            lock_at_least=lock_at_least,
+            keepalive=keepalive,
+            wait=wait,
+        )
+        if lease is None:
+            raise LockBusy(validate_name(name), holder=self._holder_of(name))
+        return lease
+
+    def _holder_of(self, name: str) -> str | None:
+        try:
+            record = self.store.run(self.store.ops.lease_get(self.namespace, validate_name(name)))
+        except Exception:  # only decorates the error message
+            return None
+        return record.holder_display if record is not None and record.held else None
+
+    def locked(self, name: str, **options: Any) -> Callable[[F], F]:
+        """Decorator: run the function under the lease, or skip (return ``None``) when held.
+
+        The skip returns ``None`` whatever the function's declared type. Works for plain
+        and ``async def`` functions (the latter take the lease through
+        the same store in a worker thread, so they never block the loop).
+        """
+        terms = self._terms(
+            name,
+            options.get("lock_at_most", DEFAULT_LOCK_AT_MOST),
+            options.get("lock_at_least", 0),
+            options.get("keepalive", True),
+        )
+        unknown = set(options) - {"lock_at_most", "lock_at_least", "keepalive"}
+        if unknown:
+            raise ConfigurationError(f"locked(): unknown option(s) {', '.join(sorted(unknown))}")
+
+        def decorate(func: F) -> F:
+            if inspect.iscoroutinefunction(func):
+
+                @functools.wraps(func)
+                async def run_async(*args: Any, **kwargs: Any) -> Any:
+                    lease = await asyncio.to_thread(self._acquire, terms)
+                    if lease is None:
+                        _log_skipped(terms)
+                        return None
+                    task = asyncio.current_task()
+                    loop = asyncio.get_running_loop()
+                    if task is not None:
+
+                        def cancel(_: Lease) -> None:
+                            loop.call_soon_threadsafe(task.cancel)
+
+                        lease.on_lost(cancel)
+                    try:
+                        return await func(*args, **kwargs)
+                    except asyncio.CancelledError:
+                        if lease.is_lost and task is not None:
+                            task.uncancel()
+                            lease.check()
+                        raise
+                    finally:
+                        await asyncio.to_thread(lease.release)
+
+                return cast(F, run_async)
+
+            @functools.wraps(func)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                lease = self._acquire(terms)
+                if lease is None:
+                    _log_skipped(terms)
+                    return None
+                with lease:
+                    return func(*args, **kwargs)
+
+            return cast(F, run)
+
+        return decorate
+
+    def locks(self) -> list[LeaseRecord]:
+        """Every lease row of this namespace (held or not), by name."""
+        return self.store.run(self.store.ops.lease_list(self.namespace))
+
+    def get(self, name: str) -> LeaseRecord | None:
+        """The lease row of ``name``, or ``None`` if it never existed."""
+        return self.store.run(self.store.ops.lease_get(self.namespace, validate_name(name)))
+
+    def prune(self, older_than: DurationLike = "30d", *, dry_run: bool = False) -> list[str]:
+        """Delete lease rows unused for ``older_than``; return their names."""
+        micros = to_micros(older_than, what="older_than")
+        if micros <= 0:
+            raise ConfigurationError(f"older_than must be positive, got {older_than!r}")
+        return self.store.run(self.store.ops.lease_prune(self.namespace, micros, dry_run))
+
+    def close(self) -> None:
+        """Close the store if this fleet opened it."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncFleet:
+    """The asyncio twin of :class:`Fleet`. Create with ``await AsyncFleet.connect(url)``."""
+
+    def __init__(
+        self, store: AsyncStore, *, namespace: str | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self.store = store
+        self.namespace = resolve_namespace(namespace)
+        self.clock = clock
+        self._owns_store = False
+
+    @classmethod
+    async def connect(
+        cls,
+        backend: str | None = None,
+        *,
+        namespace: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> AsyncFleet:
+        """Open the store behind ``backend`` (same resolution as :class:`Fleet`)."""
+        namespace = resolve_namespace(namespace)
+        fleet = cls(
+            await open_async_store(resolve_backend(backend)), namespace=namespace, clock=clock
+        )
+        fleet._owns_store = True
+        return fleet
+
+    async def _acquire(self, terms: LeaseTerms) -> AsyncLease | None:
+        sent = self.clock.monotonic_us()
+        record = await self.store.run(
+            self.store.ops.lease_acquire(
+                terms.namespace,
+                terms.name,
+                new_holder(),
+                terms.lock_at_most_us,
+                terms.lock_at_least_us,
+            )
+        )
+        if record is None:
+            return None
+        lease = AsyncLease(self.store, terms, record, sent_us=sent, clock=self.clock)
+        if terms.keepalive:
+            lease.start_keepalive()
+        _log_acquired(lease)
+        return lease
+
+    async def try_lock(
+        self,
+        name: str,
+        *,
+        lock_at_most: DurationLike = DEFAULT_LOCK_AT_MOST,
+        lock_at_least: DurationLike = 0,
+        keepalive: bool = True,
+        wait: DurationLike | None = None,
+    ) -> AsyncLease | None:
+        """Async :meth:`Fleet.try_lock`."""
+        terms = lease_terms(
+            self.namespace,
+            name,
+            lock_at_most=lock_at_most,
+            lock_at_least=lock_at_least,
+            keepalive=keepalive,
+        )
+        give_up = self.clock.monotonic_us() + _wait_micros(wait)
+        attempt = 0
+        while True:
+            lease = await self._acquire(terms)
+            if lease is not None:
+                return lease
+            left = give_up - self.clock.monotonic_us()
+            if left <= 0:
+                _log_skipped(terms)
+                return None
+            await asyncio.sleep(min(_backoff(attempt), left / 1e6))
+            attempt += 1
+
+    async def lock(
+        self,
+        name: str,
+        *,
+        lock_at_most: DurationLike = DEFAULT_LOCK_AT_MOST,
+        lock_at_least: DurationLike = 0,
+        keepalive: bool = True,
+        wait: DurationLike | None = None,
+    ) -> AsyncLease:
+        """Async :meth:`Fleet.lock`: ``async with await fleet.lock(...)``, or raises LockBusy."""
+        lease = await self.try_lock(
+            name,
+            lock_at_most=lock_at_most,
+            lock_at_least=lock_at_least,
+            keepalive=keepalive,
+            wait=wait,
+        )
+        if lease is None:
+            raise LockBusy(validate_name(name))
+        return lease
+
+    def locked(
+        self, name: str, **options: Any
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+        """Decorator for ``async def`` functions: run under the lease or skip when held."""
+        unknown = set(options) - {"lock_at_most", "lock_at_least", "keepalive"}
+        if unknown:
+            raise ConfigurationError(f"locked(): unknown option(s) {', '.join(sorted(unknown))}")
+        terms = lease_terms(
+            self.namespace,
+            name,
+            lock_at_most=options.get("lock_at_most", DEFAULT_LOCK_AT_MOST),
+            lock_at_least=options.get("lock_at_least", 0),
+            keepalive=options.get("keepalive", True),
+        )
+
+        def decorate(func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
+            @functools.wraps(func)
+            async def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
+                lease = await self._acquire(terms)
+                if lease is None:
+                    _log_skipped(terms)
+                    return None
+                async with lease:
+                    return await func(*args, **kwargs)
+
+            return run
+
+        return decorate
+
+    async def locks(self) -> list[LeaseRecord]:
+        """Every lease row of this namespace."""
+        return await self.store.run(self.store.ops.lease_list(self.namespace))
+
+    async def get(self, name: str) -> LeaseRecord | None:
+        """The lease row of ``name``."""
+        return await self.store.run(self.store.ops.lease_get(self.namespace, validate_name(name)))
+
+    async def close(self) -> None:
+        """Close the store if this fleet opened it."""
+        if self._owns_store:
+            await self.store.close()
+
+    async def __aenter__(self) -> AsyncFleet:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,49 @@
+"""Validation of lock/job names and namespaces.
+
+Names reach every store only as bound parameters, so quotes, ``;`` and ``--`` are harmless;
+what is refused here is what a store cannot hold faithfully: empty names, NUL and other
+control characters, surrounding whitespace (MySQL PAD SPACE collations) and names longer
+than the key column. Names are normalised to Unicode NFC so that two spellings of one
+name are one lock.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from fleetcron.errors import ConfigurationError
+
+__all__ = ["MAX_NAMESPACE_LENGTH", "MAX_NAME_LENGTH", "validate_name", "validate_namespace"]
+
+MAX_NAME_LENGTH = 200
+MAX_NAMESPACE_LENGTH = 64
+
+
+def _validate(value: object, *, what: str, limit: int) -> str:
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{what} must be a string, not {type(value).__name__}")
+    if not value:
+        raise ConfigurationError(f"{what} is empty")
+    text = unicodedata.normalize("NFC", value)
+    if len(text) > limit:
+        raise ConfigurationError(
+            f"{what} is {len(text)} characters long; the maximum is {limit}: {text[:40]!r}…"
+        )
+    for index, char in enumerate(text):
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise ConfigurationError(
+                f"{what} {text!r} contains a control character at position {index}"
+            )
+    if text != text.strip():
+        raise ConfigurationError(f"{what} {text!r} starts or ends with whitespace")
+    return text
+
+
+def validate_name(name: object, *, what: str = "lock name") -> str:
+    """Return ``name`` normalised, or raise :class:`ConfigurationError` saying what is wrong."""
+    return _validate(name, what=what, limit=MAX_NAME_LENGTH)
+
+
+def validate_namespace(namespace: object) -> str:
+    """Return the namespace normalised, or raise :class:`ConfigurationError`."""
+    return _validate(namespace, what="namespace", limit=MAX_NAMESPACE_LENGTH)

@@ -1,0 +1,182 @@
+"""The in-memory store: one process, the reference implementation of the contract.
+
+Its "store clock" is the injected :class:`~fleetcron.clock.Clock` (``FakeClock`` in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from fleetcron.clock import SYSTEM_CLOCK, Clock
+from fleetcron.models import LeaseRecord
+from fleetcron.stores.base import Capability, Operation, Statement, drive
+
+__all__ = ["AsyncMemoryStore", "MemoryOperations", "MemoryStore"]
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _State:
+    leases: dict[tuple[str, str], LeaseRecord]
+
+
+Step = Callable[[_State, int], Any]
+
+
+def _step(fn: Step) -> Statement:
+    return Statement("call", {"fn": fn})
+
+
+class MemoryOperations:
+    """Lease operations over a dict; each yields one step run atomically by the store."""
+
+    def lease_acquire(
+        self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
+    ) -> Operation[LeaseRecord | None]:
+        def step(state: _State, now: int) -> LeaseRecord | None:
+            current = state.leases.get((namespace, name))
+            if current is not None and current.expires_us > now:
+                return None
+            fence = max(current.fence + 1 if current else 0, now)
+            record = LeaseRecord(
+                namespace=namespace,
+                name=name,
+                holder=holder,
+                fence=fence,
+                acquired_us=now,
+                expires_us=now + ttl_us,
+                min_until_us=now + least_us,
+                now_us=now,
+            )
+            state.leases[(namespace, name)] = record
+            return record
+
+        result: LeaseRecord | None = yield _step(step)
+        return result
+
+    def _owned(
+        self, state: _State, now: int, key: tuple[str, str], holder: str, fence: int
+    ) -> LeaseRecord | None:
+        current = state.leases.get(key)
+        if current is None or current.holder != holder or current.fence != fence:
+            return None
+        return current if current.expires_us > now else None
+
+    def lease_extend(
+        self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
+    ) -> Operation[LeaseRecord | None]:
+        def step(state: _State, now: int) -> LeaseRecord | None:
+            current = self._owned(state, now, (namespace, name), holder, fence)
+            if current is None:
+                return None
+            record = replace(
+                current, expires_us=max(now + ttl_us, current.min_until_us), now_us=now
+            )
+            state.leases[(namespace, name)] = record
+            return record
+
+        result: LeaseRecord | None = yield _step(step)
+        return result
+
+    def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
+        def step(state: _State, now: int) -> bool:
+            current = self._owned(state, now, (namespace, name), holder, fence)
+            if current is None:
+                return False
+            expires = max(now, current.min_until_us)
+            state.leases[(namespace, name)] = replace(current, expires_us=expires, now_us=now)
+            return True
+
+        result: bool = yield _step(step)
+        return result
+
+    def lease_get(self, namespace: str, name: str) -> Operation[LeaseRecord | None]:
+        def step(state: _State, now: int) -> LeaseRecord | None:
+            current = state.leases.get((namespace, name))
+            return replace(current, now_us=now) if current else None
+
+        result: LeaseRecord | None = yield _step(step)
+        return result
+
+    def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
+        def step(state: _State, now: int) -> list[LeaseRecord]:
+            return sorted(
+                (replace(r, now_us=now) for (ns, _), r in state.leases.items() if ns == namespace),
+                key=lambda record: record.name,
+            )
+
+        result: list[LeaseRecord] = yield _step(step)
+        return result
+
+    def lease_prune(
+        self, namespace: str, older_than_us: int, dry_run: bool
+    ) -> Operation[list[str]]:
+        def step(state: _State, now: int) -> list[str]:
+            limit = now - older_than_us
+            doomed = [
+                key
+                for key, r in state.leases.items()
+                if key[0] == namespace
+                and r.expires_us < limit
+                and r.min_until_us < limit
+                and r.fence < now
+            ]
+            if not dry_run:
+                for key in doomed:
+                    del state.leases[key]
+            return sorted(name for _, name in doomed)
+
+        result: list[str] = yield _step(step)
+        return result
+
+
+class MemoryStore:
+    """Sync in-memory store. Share one instance between clients to model a fleet."""
+
+    capabilities = Capability.NONE
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.url = "memory://"
+        self.ops = MemoryOperations()
+        self.clock = clock
+        self._state = _State(leases={})
+        self._lock = threading.Lock()
+
+    def _execute(self, statement: Statement) -> Any:
+        fn: Step = statement.params["fn"]  # type: ignore[assignment]
+        return fn(self._state, self.clock.wall_us())
+
+    def run(self, operation: Operation[T]) -> T:
+        with self._lock:
+            return drive(operation, self._execute)
+
+    def migrate(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncMemoryStore:
+    """Async face of a :class:`MemoryStore` (no I/O, so no thread hop)."""
+
+    capabilities = Capability.NONE
+
+    def __init__(self, store: MemoryStore | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.sync = store if store is not None else MemoryStore(clock=clock)
+        self.url = self.sync.url
+        self.ops = self.sync.ops
+
+    async def run(self, operation: Operation[T]) -> T:
+        return self.sync.run(operation)
+
+    async def migrate(self) -> list[str]:
+        return []
+
+    async def close(self) -> None:
+        await asyncio.sleep(0)

@@ -1,0 +1,191 @@
+"""SQLite store: one host, zero set-up. WAL, ``busy_timeout``, ``BEGIN IMMEDIATE``.
+
+Every process on the host shares one clock, SQLite's ``'now'``, read inside the write
+transaction. WAL needs shared memory, so a database on a network filesystem is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from fleetcron.errors import (
+    ConfigurationError,
+    FleetcronError,
+    SchemaError,
+    StoreError,
+    StoreUnavailable,
+)
+from fleetcron.stores.base import Capability, SqlResult
+from fleetcron.stores.sqlstore import SqlSyncStore, store_error
+from fleetcron.stores.url import StoreURL
+
+__all__ = ["NETWORK_FILESYSTEMS", "SqliteStore", "check_sqlite_path", "filesystem_type"]
+
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "ncpfs", "9p", "afs",
+        "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "davfs", "fuse.sshfs",
+        "fuse.glusterfs", "fuse.s3fs", "fuse.rclone", "fuse.gcsfuse", "fuse.davfs",
+    }
+)  # fmt: skip
+_BUSY_TIMEOUT_MS = 30_000
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+
+def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
+    """The filesystem type holding ``path`` (longest matching mount point), if known."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    target = str(path.resolve())
+    best, best_type = "", None
+    for line in lines:
+        fields = line.split()
+        try:
+            mount_point = fields[4].replace("\\040", " ")
+            fs_type = fields[fields.index("-") + 1]
+        except (IndexError, ValueError):
+            continue
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, best_type = mount_point, fs_type
+    return best_type
+
+
+def check_sqlite_path(path: Path, *, create_parent: bool, mountinfo: Path = MOUNTINFO) -> Path:
+    """Refuse paths SQLite cannot serve safely; return the absolute path.
+
+    Raises :class:`ConfigurationError` for a network filesystem, a missing or read-only
+    directory, or a read-only database file — before anything is created.
+    """
+    path = path.expanduser().absolute()
+    parent = path.parent
+    if not parent.exists():
+        if not create_parent:
+            raise ConfigurationError(f"SQLite database directory {parent} does not exist")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot create SQLite database directory {parent}: {exc.strerror}"
+            ) from None
+    if not parent.is_dir():
+        raise ConfigurationError(f"SQLite database directory {parent} is not a directory")
+    fs_type = filesystem_type(parent, mountinfo)
+    if fs_type is not None and (fs_type in NETWORK_FILESYSTEMS or fs_type.startswith("nfs")):
+        raise ConfigurationError(
+            f"SQLite database {path} is on a network filesystem ({fs_type}); SQLite's WAL "
+            "needs one host — use postgresql://, mysql:// or redis:// for a fleet"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigurationError(
+            f"SQLite database directory {parent} is not writable (WAL needs to create "
+            f"{path.name}-wal and {path.name}-shm beside the database)"
+        )
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        raise ConfigurationError(f"SQLite database {path} is not writable")
+    return path
+
+
+def translate(exc: BaseException) -> FleetcronError | None:
+    """Map a sqlite3 exception to fleetcron's hierarchy."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    text = str(exc)
+    if "no such table" in text:
+        return store_error(SchemaError, exc, "schema missing: ")
+    if isinstance(exc, sqlite3.OperationalError) and (
+        "unable to open" in text or "disk I/O" in text or "locked" in text or "busy" in text
+    ):
+        return store_error(StoreUnavailable, exc)
+    return store_error(StoreError, exc)
+
+
+class SqliteStore(SqlSyncStore):
+    """Sync SQLite store; all processes on one host share the database file."""
+
+    dialect = "sqlite"
+    capabilities = Capability.PERSISTENT
+
+    def __init__(
+        self, url: StoreURL, *, auto_migrate: bool = True, create_parent: bool = False
+    ) -> None:
+        assert url.path is not None
+        self.path = check_sqlite_path(url.path, create_parent=create_parent)
+        super().__init__(url, auto_migrate=auto_migrate)
+
+    def _connect(self) -> Any:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=_BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,  # we issue BEGIN IMMEDIATE ourselves
+            check_same_thread=False,  # guarded by the store's lock
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: a fence handed out must survive a power cut, or it could be issued twice.
+            conn.execute("PRAGMA synchronous = FULL")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _execute(self, conn: Any, sql: str, params: dict[str, object]) -> SqlResult:
+        # BEGIN IMMEDIATE takes the write lock up front, so busy_timeout applies; a
+        # DEFERRED read-then-write would fail at once with SQLITE_BUSY instead of waiting.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            cur = conn.execute(sql, params)
+            rows = cur.fetchall() if cur.description is not None else []
+            rowcount = cur.rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return SqlResult(rows=rows, rowcount=rowcount)
+
+    def _translate(self, exc: BaseException) -> FleetcronError | None:
+        return translate(exc)
+
+    def _migrate_locked(self) -> list[str]:
+        conn = self._connection()
+        applied: list[str] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(self.queries["schema_init"])
+                for migration in self._pending():
+                    for statement in migration.statements:
+                        conn.execute(statement)
+                    conn.execute(
+                        self.queries["schema_record"],
+                        {"version": migration.version, "name": migration.name},
+                    )
+                    applied.append(migration.name)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            error = translate(exc)
+            assert error is not None
+            raise error from exc
+        return applied
+
+    def schema_version(self) -> int:
+        # _pending() runs inside the migration transaction: read without a nested BEGIN.
+        conn = self._connection()
+        if conn.in_transaction:
+            try:
+                row = conn.execute(self.queries["schema_version"]).fetchone()
+            except sqlite3.OperationalError:
+                return 0
+            return int(row[0] or 0)
+        return super().schema_version()

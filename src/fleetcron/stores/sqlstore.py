@@ -1,0 +1,152 @@
+"""Shared machinery of the SQL stores: query lookup, locking, schema checks, migrations.
+
+A concrete store supplies how to connect, how to execute one query text, and how to
+translate its driver's exceptions. Everything else — which statement an operation needs,
+when the schema is created — is decided here once.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, TypeVar
+
+from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
+from fleetcron.stores.base import Capability, Operation, SqlResult, Statement, drive
+from fleetcron.stores.sqlops import Migration, SqlOperations, load_migrations, load_queries
+from fleetcron.stores.url import StoreURL
+
+__all__ = ["SqlSyncStore"]
+
+T = TypeVar("T")
+
+
+class SqlSyncStore(ABC):
+    """A SQL store driven synchronously over one connection guarded by a lock."""
+
+    dialect: ClassVar[str]
+    capabilities: Capability
+
+    def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
+        self.url = url.redacted
+        self._url = url
+        self.ops = SqlOperations()
+        self.queries = load_queries(self.dialect)
+        self.migrations: list[Migration] = load_migrations(self.dialect)
+        self._lock = threading.RLock()
+        self._conn: Any = None
+        with self._lock:
+            self._connection()
+        if auto_migrate:
+            self.ensure_schema()
+
+    # -- what a dialect supplies -------------------------------------------------------
+    @abstractmethod
+    def _connect(self) -> Any:
+        """Open a new connection (autocommit, READ COMMITTED, UTC)."""
+
+    @abstractmethod
+    def _execute(self, conn: Any, sql: str, params: dict[str, object]) -> SqlResult:
+        """Execute one query text (it may hold several statements where the dialect allows)."""
+
+    @abstractmethod
+    def _translate(self, exc: BaseException) -> FleetcronError | None:
+        """Map a driver exception to the error hierarchy; ``None`` when it is not the driver's."""
+
+    def _close_connection(self, conn: Any) -> None:
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+    # -- running operations ------------------------------------------------------------
+    def _connection(self) -> Any:
+        if self._conn is None:
+            try:
+                self._conn = self._connect()
+            except FleetcronError:
+                raise
+            except Exception as exc:
+                error = self._translate(exc)
+                if error is None:
+                    raise
+                raise StoreUnavailable(f"cannot connect to {self.url}: {error.message}") from exc
+        return self._conn
+
+    def _discard(self) -> None:
+        if self._conn is not None:
+            self._close_connection(self._conn)
+            self._conn = None
+
+    def execute_text(self, sql: str, params: dict[str, object] | None = None) -> SqlResult:
+        """Execute ``sql`` on the store's connection, translating driver errors once."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                return self._execute(conn, sql, dict(params or {}))
+            except Exception as exc:
+                error = self._translate(exc)
+                if error is None:
+                    raise
+                if isinstance(error, StoreUnavailable):
+                    self._discard()
+                raise error from exc
+
+    def _statement(self, statement: Statement) -> SqlResult:
+        return self.execute_text(self.queries[statement.name], dict(statement.params))
+
+    def run(self, operation: Operation[T]) -> T:
+        """Carry out ``operation`` (one lock hold, so its statements are not interleaved)."""
+        with self._lock:
+            return drive(operation, self._statement)
+
+    # -- schema ------------------------------------------------------------------------
+    @property
+    def latest_version(self) -> int:
+        return self.migrations[-1].version if self.migrations else 0
+
+    def schema_version(self) -> int:
+        """The version recorded in the store, 0 when the schema was never created."""
+        try:
+            result = self.execute_text(self.queries["schema_version"])
+        except SchemaError:
+            return 0
+        return int(result.rows[0][0] or 0)
+
+    def ensure_schema(self) -> None:
+        """Create or upgrade the schema when needed; refuse a schema newer than the code."""
+        version = self.schema_version()
+        if version > self.latest_version:
+            raise SchemaError(
+                f"the schema in {self.url} is version {version}, newer than this fleetcron "
+                f"understands ({self.latest_version}); upgrade fleetcron"
+            )
+        if version < self.latest_version:
+            self.migrate()
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations under the dialect's migration lock."""
+        with self._lock:
+            return self._migrate_locked()
+
+    def _pending(self) -> list[Migration]:
+        current = self.schema_version()
+        return [m for m in self.migrations if m.version > current]
+
+    @abstractmethod
+    def _migrate_locked(self) -> list[str]:
+        """Apply pending migrations atomically with respect to other processes."""
+
+    def close(self) -> None:
+        with self._lock:
+            self._discard()
+
+
+def _driver_message(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def store_error(kind: type[StoreError], exc: BaseException, prefix: str = "") -> StoreError:
+    """Build ``kind`` with the first line of the driver's message."""
+    return kind(f"{prefix}{_driver_message(exc)}")

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from fleetcron.durations import format_duration, parse_duration, to_micros
+from fleetcron.errors import ConfigurationError
+
+
+@pytest.mark.parametrize(
+    ("text", "micros"),
+    [
+        ("500ms", 500_000),
+        ("90s", 90_000_000),
+        ("10m", 600_000_000),
+        ("1h30m", 5_400_000_000),
+        ("2d", 172_800_000_000),
+        ("1.5s", 1_500_000),
+        ("250us", 250),
+        (" 2M ", 120_000_000),
+    ],
+)
+def test_durations_are_parsed_to_microseconds(text: str, micros: int) -> None:
+    assert parse_duration(text) == micros
+
+
+@pytest.mark.parametrize("text", ["", "10", "10x", "-5s", "s", "1h 30m", "1e3s", "ten seconds"])
+def test_malformed_durations_name_the_option(text: str) -> None:
+    with pytest.raises(ConfigurationError, match="--lock-at-most"):
+        parse_duration(text, what="--lock-at-most")
+
+
+def test_numbers_and_timedeltas_are_seconds() -> None:
+    assert to_micros(2) == 2_000_000
+    assert to_micros(0.25) == 250_000
+    assert to_micros(timedelta(minutes=1)) == 60_000_000
+
+
+@pytest.mark.parametrize("value", [True, float("nan"), None, [1]])
+def test_non_durations_are_rejected(value: object) -> None:
+    with pytest.raises(ConfigurationError):
+        to_micros(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("micros", "text"),
+    [(0, "0s"), (999, "999us"), (1_500, "1.5ms"), (2_500_000, "2.5s"), (5_400_000_000, "1h30m")],
+)
+def test_durations_render_compactly(micros: int, text: str) -> None:
+    assert format_duration(micros) == text

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetcron.errors import ConfigurationError
+from fleetcron.stores import resolve_backend
+from fleetcron.stores.url import default_sqlite_path, parse_store_url, redact
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("memory://", "memory"),
+        ("sqlite:///var/lib/app/fc.db", "sqlite"),
+        ("postgresql://app:pw@db:5432/app", "postgres"),
+        ("postgres://db/app", "postgres"),
+        ("mysql://root@127.0.0.1/test", "mysql"),
+        ("mariadb://root@127.0.0.1/test", "mysql"),
+        ("redis://127.0.0.1:6379/0", "redis"),
+        ("rediss://user:pw@cache:6380/1", "redis"),
+    ],
+)
+def test_each_scheme_names_its_backend(url: str, kind: str) -> None:
+    assert parse_store_url(url).kind == kind
+
+
+def test_sqlite_urls_carry_an_absolute_path() -> None:
+    assert parse_store_url("sqlite:///var/lib/app/fc.db").path == Path("/var/lib/app/fc.db")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("", "empty"),
+        ("localhost:5432", "no scheme"),
+        ("ftp://host/x", "not supported"),
+        ("postgresql://", "names no host"),
+        ("redis://host:notaport/0", "invalid"),
+        ("sqlite://", "names no database file"),
+    ],
+)
+def test_invalid_urls_are_a_clear_error(url: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError, match=problem):
+        parse_store_url(url)
+
+
+def test_passwords_never_appear_in_redacted_urls() -> None:
+    assert redact("postgresql://app:s3cret@db/app") == "postgresql://app:***@db/app"
+    assert "s3cret" not in redact("redis://:s3cret@cache:6379/0?password=s3cret")
+    assert "s3cret" not in parse_store_url("mysql://u:s3cret@db/x").redacted
+
+
+def test_backend_precedence_is_explicit_then_environment_then_file_then_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.delenv("FLEETCRON_BACKEND", raising=False)
+    assert resolve_backend().path == tmp_path / "fleetcron" / "fleetcron.db"
+    assert default_sqlite_path() == tmp_path / "fleetcron" / "fleetcron.db"
+    assert resolve_backend(configured="redis://file/0").kind == "redis"
+    monkeypatch.setenv("FLEETCRON_BACKEND", "mysql://env/db")
+    assert resolve_backend(configured="redis://file/0").kind == "mysql"
+    assert resolve_backend("memory://", configured="redis://file/0").kind == "memory"
