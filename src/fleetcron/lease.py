@@ -225,7 +225,7 @@ class Lease(_LeaseBase):
         with self._cond:
             if self._inside and self._owner_thread is not None:
                 self._interrupted = True
-                _raise_in_thread(self._owner_thread, LeaseLost)
+                _raise_in_thread(self._owner_thread, _interruption(self._lost_error()))
 
     # -- operations ------------------------------------------------------------------
     def extend(self) -> None:
@@ -313,6 +313,16 @@ class Lease(_LeaseBase):
             )
         if lost and (exc is None or isinstance(exc, LeaseLost)):
             raise self._lost_error() from exc
+
+
+def _interruption(error: LeaseLost) -> type[LeaseLost]:
+    # An exception raised in another thread is given as a class and instantiated there
+    # with no arguments, which LeaseLost (name required) does not allow: bind them here.
+    class LeaseInterrupted(LeaseLost):
+        def __init__(self) -> None:
+            super().__init__(error.name, error.message, fence=error.fence)
+
+    return LeaseInterrupted
 
 
 def _raise_in_thread(thread_id: int, exc_type: type[BaseException]) -> None:

@@ -31,7 +31,7 @@ from fleetcron.errors import ConfigurationError
 from fleetcron.fleet import Fleet
 from fleetcron.lease import Lease
 
-__all__ = ["ExecOptions", "child_environment", "exec_options", "run_exec"]
+__all__ = ["ExecOptions", "child_environment", "exec_options", "option_micros", "run_exec"]
 
 _SECRET_VARS = ("FLEETCRON_BACKEND", "PGPASSWORD", "MYSQL_PWD", "REDISCLI_AUTH")
 _POLL_SECONDS = 0.2
@@ -52,16 +52,34 @@ class ExecOptions:
     kill_grace_us: int
 
 
+def option_micros(value: str, option: str, *, positive: bool) -> int:
+    """Parse the duration given to ``option``; refuse a negative (or, if ``positive``, zero)
+    one with a message naming the option."""
+    bound = "be positive" if positive else "not be negative"
+    if value.strip().startswith("-"):
+        raise ConfigurationError(f"{option} must {bound}, got {value!r}")
+    micros = to_micros(value, what=option)
+    if positive and micros <= 0:
+        raise ConfigurationError(f"{option} must {bound}, got {value!r}")
+    return micros
+
+
 def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
     """Check everything before any state is touched; raise ConfigurationError."""
     if not command:
         raise ConfigurationError("exec needs a command after '--', e.g. -- /opt/app/job.sh")
-    most = to_micros(args.lock_at_most, what="--lock-at-most")
-    timeout = None if args.timeout is None else to_micros(args.timeout, what="--timeout")
-    if timeout is not None and timeout <= 0:
-        raise ConfigurationError(f"--timeout must be positive, got {args.timeout!r}")
-    if args.wait is not None and to_micros(args.wait, what="--wait") < 0:
-        raise ConfigurationError(f"--wait must not be negative, got {args.wait!r}")
+    most = option_micros(args.lock_at_most, "--lock-at-most", positive=True)
+    least = option_micros(args.lock_at_least, "--lock-at-least", positive=False)
+    if least > most:
+        raise ConfigurationError(
+            f"--lock-at-least ({args.lock_at_least}) is longer than "
+            f"--lock-at-most ({args.lock_at_most})"
+        )
+    timeout = (
+        None if args.timeout is None else option_micros(args.timeout, "--timeout", positive=True)
+    )
+    if args.wait is not None:
+        option_micros(args.wait, "--wait", positive=False)
     if not 0 <= args.skipped_exit_code <= 255:
         raise ConfigurationError(
             f"--skipped-exit-code must be between 0 and 255, got {args.skipped_exit_code}"
@@ -69,10 +87,8 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
     grace = (
         min(5_000_000, most // 6)
         if args.kill_grace is None
-        else to_micros(args.kill_grace, what="--kill-grace")
+        else option_micros(args.kill_grace, "--kill-grace", positive=False)
     )
-    if grace < 0:
-        raise ConfigurationError(f"--kill-grace must not be negative, got {args.kill_grace!r}")
     return ExecOptions(
         name=args.name,
         command=tuple(command),
@@ -93,8 +109,18 @@ def child_environment(
     secrets: list[str] = []
     if backend_url:
         secrets.append(backend_url)
-        password = urllib.parse.urlsplit(backend_url).password
-        if password:
+        try:
+            parts = urllib.parse.urlsplit(backend_url)
+            passwords = [parts.password or ""]
+        except ValueError:
+            parts, passwords = None, []
+        if parts is not None:  # also ?password=… (libpq and others accept it)
+            passwords += [
+                value
+                for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+                if "password" in key.lower()
+            ]
+        for password in filter(None, passwords):
             secrets.extend({password, urllib.parse.unquote(password)})
     env = {
         key: value
@@ -207,10 +233,11 @@ def _supervise(lease: Lease, options: ExecOptions, backend_url: str | None) -> i
             extra={"action": "run_failed", "lock": options.name},
         )
         return EXIT_NOT_FOUND
-    except PermissionError:
+    except OSError as exc:  # EACCES, ENOEXEC, ENOTDIR, …: as a shell would, 126
         log.error(
-            "command cannot be executed: %s",
+            "command cannot be executed: %s: %s",
             options.command[0],
+            exc.strerror or exc,
             extra={"action": "run_failed", "lock": options.name},
         )
         return EXIT_CANNOT_EXECUTE

@@ -20,9 +20,40 @@ from fleetcron.durations import format_duration, to_micros
 from fleetcron.errors import ConfigurationError, FleetcronError, StoreError
 from fleetcron.fleet import DEFAULT_LOCK_AT_MOST, Fleet, resolve_namespace
 from fleetcron.models import LeaseRecord
+from fleetcron.names import validate_namespace
 from fleetcron.stores import open_store, resolve_backend
 
 __all__ = ["main"]
+
+# Options whose value may look like an option to argparse ("--timeout -5s" would be
+# "expected one argument"); they are glued as "--timeout=-5s" so the value's own
+# problem is reported.
+_VALUE_OPTIONS = frozenset(
+    {
+        "--lock-at-most",
+        "--lock-at-least",
+        "--timeout",
+        "--wait",
+        "--kill-grace",
+        "--older-than",
+        "--skipped-exit-code",
+    }
+)
+
+
+def _glue_negative_values(arguments: list[str]) -> list[str]:
+    glued: list[str] = []
+    index = 0
+    while index < len(arguments):
+        argument = arguments[index]
+        value = arguments[index + 1] if index + 1 < len(arguments) else ""
+        if argument in _VALUE_OPTIONS and value[:1] == "-" and value[1:2].isdigit():
+            glued.append(f"{argument}={value}")
+            index += 2
+        else:
+            glued.append(argument)
+            index += 1
+    return glued
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,8 +139,15 @@ def _configure_logging(verbosity: int) -> None:
     logger.propagate = False
 
 
+def _namespace(args: argparse.Namespace) -> str:
+    explicit: str | None = getattr(args, "namespace", None)
+    if explicit is not None:
+        validate_namespace(explicit)  # an explicit --namespace '' is an error, not 'default'
+    return resolve_namespace(explicit)
+
+
 def _fleet(args: argparse.Namespace) -> Fleet:
-    namespace = resolve_namespace(getattr(args, "namespace", None))
+    namespace = _namespace(args)
     url = resolve_backend(getattr(args, "backend", None))
     return Fleet(open_store(url), namespace=namespace)
 
@@ -158,7 +196,7 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         from fleetcron.cli.exec import exec_options, run_exec
 
         options = exec_options(args, command)
-        namespace = resolve_namespace(getattr(args, "namespace", None))
+        namespace = _namespace(args)
         url = resolve_backend(getattr(args, "backend", None))
         from fleetcron.fleet import lease_terms
 
@@ -178,7 +216,8 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
             _print_locks(fleet.locks(), args.json)
         return 0
     if args.command == "prune":
-        older = to_micros(args.older_than, what="--older-than")
+        negative = args.older_than.strip().startswith("-")
+        older = 0 if negative else to_micros(args.older_than, what="--older-than")
         if older <= 0:
             raise ConfigurationError(f"--older-than must be positive, got {args.older_than!r}")
         with _fleet(args) as fleet:
@@ -210,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in arguments:
         split = arguments.index("--")
         arguments, command = arguments[:split], arguments[split + 1 :]
+    arguments = _glue_negative_values(arguments)
     parser = build_parser()
     args = parser.parse_args(arguments)
     _configure_logging(getattr(args, "verbose", 0))

@@ -50,7 +50,7 @@ def redact(url: str) -> str:
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     masked = [(k, "***" if "password" in k.lower() else v) for k, v in query]
     return urllib.parse.urlunsplit(
-        (parts.scheme, netloc, parts.path, urllib.parse.urlencode(masked), parts.fragment)
+        (parts.scheme, netloc, parts.path, urllib.parse.urlencode(masked, safe="*"), parts.fragment)
     )
 
 

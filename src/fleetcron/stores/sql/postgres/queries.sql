@@ -67,6 +67,7 @@ SELECT name, holder, fence,
  WHERE namespace = %(namespace)s AND name = %(name)s;
 
 -- name: lease_list
+-- COLLATE "C": code-point order, as on every other backend, whatever the database locale.
 SELECT name, holder, fence,
        (extract(epoch FROM acquired_at) * 1000000)::bigint,
        (extract(epoch FROM expires_at) * 1000000)::bigint,
@@ -74,7 +75,7 @@ SELECT name, holder, fence,
        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s
- ORDER BY name;
+ ORDER BY name COLLATE "C";
 
 -- name: lease_prune_preview
 WITH now AS (SELECT clock_timestamp() AS t)

@@ -1,0 +1,85 @@
+"""Helpers shared by the contract tests: reading the store's clock and waiting on it."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from fleetcron.models import LeaseRecord
+from fleetcron.stores import SyncStore
+
+T = TypeVar("T")
+
+TTL_LONG_US = 30_000_000  # longer than any test: never expires by itself
+
+
+def acquire(
+    store: SyncStore,
+    namespace: str,
+    name: str,
+    holder: str,
+    *,
+    ttl_us: int = TTL_LONG_US,
+    least_us: int = 0,
+) -> LeaseRecord | None:
+    return store.run(store.ops.lease_acquire(namespace, name, holder, ttl_us, least_us))
+
+
+def must_acquire(
+    store: SyncStore,
+    namespace: str,
+    name: str,
+    holder: str,
+    *,
+    ttl_us: int = TTL_LONG_US,
+    least_us: int = 0,
+) -> LeaseRecord:
+    record = acquire(store, namespace, name, holder, ttl_us=ttl_us, least_us=least_us)
+    assert record is not None, f"{name!r} should have been free"
+    return record
+
+
+def release(store: SyncStore, record: LeaseRecord) -> bool:
+    return store.run(
+        store.ops.lease_release(record.namespace, record.name, record.holder, record.fence)
+    )
+
+
+def row(store: SyncStore, namespace: str, name: str) -> LeaseRecord:
+    record = store.run(store.ops.lease_get(namespace, name))
+    assert record is not None, f"no lease row for {name!r}"
+    return record
+
+
+def stored(record: LeaseRecord) -> LeaseRecord:
+    """The persistent part of a record (``now_us`` is only when it was read)."""
+    return dataclasses.replace(record, now_us=0)
+
+
+def wait_for_store_time(
+    store: SyncStore, namespace: str, name: str, target_us: int, *, timeout: float = 10.0
+) -> LeaseRecord:
+    """Sleep until the *store's* clock (read through the row of ``name``) reaches ``target_us``.
+
+    Returns the first row read at or after ``target_us``.
+    """
+    give_up = time.monotonic() + timeout
+    while True:
+        record = row(store, namespace, name)
+        if record.now_us >= target_us:
+            return record
+        assert time.monotonic() < give_up, "the store clock did not reach the target"
+        time.sleep(min(max((target_us - record.now_us) / 1e6, 0.001), 0.05))
+
+
+def eventually(probe: Callable[[], T | None], *, timeout: float = 10.0, every: float = 0.01) -> T:
+    """Poll ``probe`` until it returns something other than ``None``/falsy."""
+    give_up = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        assert time.monotonic() < give_up, "condition not reached in time"
+        time.sleep(every)

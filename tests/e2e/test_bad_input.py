@@ -1,0 +1,194 @@
+"""Bad input: one line on stderr naming the problem, a non-zero exit, no traceback, and
+nothing touched — no SQLite file created, no lease row, the command never started."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.helpers import CROSS_PROCESS_BACKENDS, FLEETCRON, Cli, assert_clean_error
+from fleetcron.cli.exitcodes import EXIT_USAGE
+
+LONG_NAME = "n" * 201
+
+EXEC_CASES = [
+    (["--lock-at-most", "10x"], "'10x' is not a duration"),
+    (["--lock-at-most", "0s"], "--lock-at-most must be positive"),
+    (["--lock-at-most", "-5s"], "--lock-at-most must be positive, got '-5s'"),
+    (["--lock-at-most=-5s"], "--lock-at-most must be positive, got '-5s'"),
+    (["--lock-at-most", "50ms"], "at least 100ms"),
+    (["--timeout", "0s"], "--timeout must be positive"),
+    (["--timeout", "-1s"], "--timeout must be positive"),
+    (["--lock-at-least", "-1s"], "--lock-at-least must not be negative"),
+    (["--lock-at-least", "5m", "--lock-at-most", "1m"], "is longer than --lock-at-most"),
+    (["--wait", "-1s"], "--wait must not be negative"),
+    (["--wait", "soon"], "'soon' is not a duration"),
+    (["--kill-grace", "-1s"], "--kill-grace must not be negative"),
+    (["--skipped-exit-code", "300"], "between 0 and 255"),
+    (["--skipped-exit-code", "abc"], "invalid int value: 'abc'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "marker"
+    yield path
+    assert not path.exists(), "the command ran despite the bad input"
+
+
+def _exec(name: str, *options: str, marker: Path) -> list[str]:
+    return ["exec", name, *options, "--", "touch", str(marker)]
+
+
+@pytest.mark.parametrize(("options", "message"), EXEC_CASES, ids=[m for _, m in EXEC_CASES])
+def test_bad_exec_option_is_refused_before_the_store_is_touched(
+    sqlite_cli: Cli, tmp_path: Path, marker: Path, options: list[str], message: str
+) -> None:
+    result = sqlite_cli.run(*_exec("job", *options, marker=marker))
+    assert_clean_error(result, EXIT_USAGE, message)
+    assert not (tmp_path / "fleetcron.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["exec", "", "--", "true"], "lock name is empty"),
+        (["exec", LONG_NAME, "--", "true"], "the maximum is 200"),
+        (["exec", "tab\there", "--", "true"], "control character"),
+        (["exec", "job", "--"], "exec needs a command after '--'"),
+        (["exec", "job"], "exec needs a command after '--'"),
+        (["exec", "job", "true"], "unrecognized arguments: true"),
+        (["locks", "--", "extra"], "unexpected arguments after '--'"),
+        (["prune", "--older-than", "0s"], "--older-than must be positive"),
+        (["prune", "--older-than", "-1d"], "--older-than must be positive"),
+        ([], "no command given"),
+    ],
+)
+def test_bad_arguments_are_refused_before_the_store_is_touched(
+    sqlite_cli: Cli, tmp_path: Path, argv: list[str], message: str
+) -> None:
+    result = sqlite_cli.run(*argv)
+    assert_clean_error(result, EXIT_USAGE, message)
+    assert not (tmp_path / "fleetcron.db").exists()
+
+
+def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path) -> None:
+    cli = Cli(f"sqlite://{tmp_path / 'fleetcron.db'}", "", tmp_path)
+    assert_clean_error(cli.run(*_exec("job", marker=marker)), EXIT_USAGE, "namespace is empty")
+    assert not (tmp_path / "fleetcron.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://u:hunter2@[::1/x", "is invalid"),
+        ("postgresql://u:hunter2@127.0.0.1:99999/x", "Port out of range"),
+        ("ftp://u:hunter2@host/x", "scheme 'ftp' is not supported"),
+        ("not-a-url", "has no scheme"),
+        ("redis://", "names no host"),
+        ("sqlite://", "names no database file"),
+        ("", "backend URL is empty"),
+    ],
+)
+def test_a_bad_backend_url_is_refused(
+    namespace: str, tmp_path: Path, marker: Path, url: str, message: str
+) -> None:
+    result = Cli(url, namespace, tmp_path).run(*_exec("job", marker=marker))
+    assert_clean_error(result, EXIT_USAGE, message)
+    assert "hunter2" not in result.stderr, "the password was printed"
+
+
+def test_a_sqlite_path_in_a_missing_directory_is_refused(
+    namespace: str, tmp_path: Path, marker: Path
+) -> None:
+    missing = tmp_path / "no" / "such"
+    cli = Cli(f"sqlite://{missing / 'fc.db'}", namespace, tmp_path)
+    assert_clean_error(cli.run(*_exec("job", marker=marker)), EXIT_USAGE, str(missing))
+    assert not missing.exists()
+
+
+@CROSS_PROCESS_BACKENDS
+def test_bad_input_leaves_no_lease_row_in_the_store(cli: Cli, marker: Path) -> None:
+    for options in (["--lock-at-most", "10x"], ["--lock-at-least", "2m", "--lock-at-most", "1m"]):
+        result = cli.run(*_exec("job", *options, marker=marker))
+        assert_clean_error(result, EXIT_USAGE)
+    result = cli.run(*_exec(LONG_NAME, marker=marker))
+    assert_clean_error(result, EXIT_USAGE, "the maximum is 200")
+    assert cli.locks() == []
+
+
+def _as_nobody() -> list[str]:
+    if os.geteuid() != 0:
+        return []  # permission bits already apply to us
+    for tool, argv in (
+        ("setpriv", ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]),
+        ("runuser", ["runuser", "-u", "nobody", "--"]),
+    ):
+        if shutil.which(tool):
+            return argv
+    pytest.skip("neither setpriv nor runuser is available to drop root")
+
+
+def test_a_sqlite_path_in_a_read_only_directory_is_refused(namespace: str) -> None:
+    prefix = _as_nobody()
+    # Not tmp_path: its parent is private to root, and the check must see *this* directory.
+    base = Path(tempfile.mkdtemp(prefix="fleetcron-e2e-ro-"))
+    try:
+        base.chmod(0o755)
+        read_only = base / "ro"
+        read_only.mkdir(mode=0o555)
+        read_only.chmod(0o555)
+        cli = Cli(f"sqlite://{read_only / 'fc.db'}", namespace, base)
+        cli.env["HOME"] = str(base)
+        marker = base / "marker"
+        result = cli.run(*_exec("job", marker=marker), prefix=prefix)
+        assert_clean_error(result, EXIT_USAGE, str(read_only), "not writable")
+        assert not marker.exists()
+        assert list(read_only.iterdir()) == []
+    finally:
+        (base / "ro").chmod(0o755)
+        shutil.rmtree(base)
+
+
+FAKE_NFS = """
+import sys
+from pathlib import Path
+from fleetcron.cli.main import main
+from fleetcron.stores import sqlite
+
+# Pretend the test directory is an NFS mount: check_sqlite_path reads mountinfo.
+sqlite.check_sqlite_path.__kwdefaults__["mountinfo"] = Path(sys.argv[1])
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_sqlite_path_on_a_network_filesystem_is_refused(
+    namespace: str, tmp_path: Path, marker: Path
+) -> None:
+    share = tmp_path / "share"
+    share.mkdir()
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+        f"98 22 0:53 / {share} rw,relatime shared:7 - nfs4 fileserver:/export rw,vers=4.2\n"
+    )
+    cli = Cli(f"sqlite://{share / 'fc.db'}", namespace, tmp_path)
+    argv = cli.argv(*_exec("job", marker=marker))[len(FLEETCRON) :]
+    result = subprocess.run(
+        [sys.executable, "-c", FAKE_NFS, str(mountinfo), *argv],
+        env=cli.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert_clean_error(result, EXIT_USAGE, "network filesystem (nfs4)", str(share / "fc.db"))
+    assert list(share.iterdir()) == []

@@ -1,0 +1,52 @@
+"""A holder killed with SIGKILL: others skip until its lease expires, then take over."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from e2e.helpers import CROSS_PROCESS_BACKENDS, Cli, read_when_written, wait_for
+
+REPORT_AND_SLEEP = 'echo "$$ $FLEETCRON_FENCE" > "$1"; exec sleep 30'
+REPORT_FENCE = 'echo "$FLEETCRON_FENCE" > "$1"'
+
+
+@CROSS_PROCESS_BACKENDS
+def test_after_sigkill_others_skip_until_expiry_then_run_with_a_higher_fence(
+    cli: Cli, tmp_path: Path
+) -> None:
+    holder_file = tmp_path / "holder"
+    holder = cli.spawn(
+        "exec", "sweep", "--lock-at-most", "2s", "--",
+        "sh", "-c", REPORT_AND_SLEEP, "sh", str(holder_file),
+    )  # fmt: skip
+    pgid, first_fence = map(int, read_when_written(holder_file).split())
+    cli.track_group(pgid)
+    row = wait_for(lambda: cli.held("sweep"), what="the lease to show as held")
+    assert row["holder"] == f"{socket.gethostname()}:{holder.pid}"
+    assert row["fence"] == first_fence
+
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    os.killpg(pgid, signal.SIGKILL)  # the command leads its own session
+    killed = time.monotonic()
+
+    marker = tmp_path / "marker"
+    skipped = cli.run(
+        "exec", "sweep", "--lock-at-most", "2s", "--", "sh", "-c", REPORT_FENCE, "sh", str(marker)
+    )
+    assert skipped.returncode == 0, skipped.stderr
+    assert not marker.exists(), "ran while the dead holder's lease was still valid"
+    still = cli.held("sweep")
+    assert still is not None and still["fence"] == first_fence, "skip was not before expiry"
+
+    wait_for(lambda: cli.held("sweep") is None, timeout=5, what="the dead holder's lease to expire")
+    assert time.monotonic() - killed < 2.5, "the lease outlived --lock-at-most"
+    taken = cli.run(
+        "exec", "sweep", "--lock-at-most", "2s", "--", "sh", "-c", REPORT_FENCE, "sh", str(marker)
+    )
+    assert taken.returncode == 0, taken.stderr
+    assert int(marker.read_text()) > first_fence

@@ -1,0 +1,38 @@
+"""Where the external services live, and the skip-or-fail rule when one is missing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fleetcron.errors import StoreError
+from fleetcron.stores import open_store, parse_store_url
+
+SERVICE_URLS = {
+    "postgres": os.environ.get(
+        "FLEETCRON_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+    ),
+    "mysql": os.environ.get("FLEETCRON_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+    "redis": os.environ.get("FLEETCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+}
+BACKENDS = ("memory", "sqlite", "postgres", "mysql", "redis")
+_reachable: dict[str, str | None] = {}
+
+
+def require_service(kind: str) -> str:
+    """The URL of service ``kind``; skip (fail under CI=true) when it does not answer."""
+    url = SERVICE_URLS[kind]
+    if kind not in _reachable:
+        try:
+            open_store(parse_store_url(url)).close()
+            _reachable[kind] = None
+        except StoreError as exc:
+            _reachable[kind] = str(exc)
+    problem = _reachable[kind]
+    if problem is not None:
+        message = f"{kind} service at {url} is not reachable: {problem}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return url

@@ -1,0 +1,371 @@
+"""Store operations driven without a database: statements out, canned results in.
+
+Each operation is a generator that yields :class:`Statement` objects; these tests play
+the runner with a fake ``execute`` that records what was asked and answers with canned
+rows or replies, so what is checked is exactly the operation's logic: which statement,
+which bound parameters, how the result maps back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from fleetcron.models import LeaseRecord
+from fleetcron.stores.base import SqlResult, Statement, drive, drive_async
+from fleetcron.stores.redis import SCRIPTS, RedisOperations, _namespace_pattern, lease_key
+from fleetcron.stores.sqlops import (
+    SqlOperations,
+    load_migrations,
+    load_queries,
+    split_statements,
+)
+
+DIALECTS = ("sqlite", "postgres", "mysql")
+ROW = ("job", "host:1:abc", 7, 1_000, 2_000, 1_500, 1_200)
+RECORD = LeaseRecord(
+    namespace="ns",
+    name="job",
+    holder="host:1:abc",
+    fence=7,
+    acquired_us=1_000,
+    expires_us=2_000,
+    min_until_us=1_500,
+    now_us=1_200,
+)
+
+
+class FakeExecute:
+    """Records every statement and answers each with the next canned result."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers: Iterator[Any] = iter(answers)
+        self.statements: list[Statement] = []
+
+    def __call__(self, statement: Statement) -> Any:
+        self.statements.append(statement)
+        return next(self.answers)
+
+    @property
+    def names(self) -> list[str]:
+        return [statement.name for statement in self.statements]
+
+
+def rows(*found: tuple[Any, ...], rowcount: int | None = None) -> SqlResult:
+    return SqlResult(rows=list(found), rowcount=len(found) if rowcount is None else rowcount)
+
+
+# -- SQL operations ----------------------------------------------------------------------
+SQL = SqlOperations()
+
+
+def test_sql_acquire_is_one_statement_binding_every_lease_term() -> None:
+    execute = FakeExecute(rows(ROW))
+
+    record = drive(SQL.lease_acquire("ns", "job", "host:1:abc", 30_000_000, 5_000), execute)
+
+    assert record == RECORD
+    assert execute.statements == [
+        Statement(
+            "lease_acquire",
+            {
+                "namespace": "ns",
+                "name": "job",
+                "holder": "host:1:abc",
+                "ttl_us": 30_000_000,
+                "least_us": 5_000,
+            },
+        )
+    ]
+
+
+def test_sql_acquire_returns_none_when_the_statement_returns_no_row() -> None:
+    assert drive(SQL.lease_acquire("ns", "job", "h", 1, 0), FakeExecute(rows())) is None
+
+
+def test_sql_rows_from_binary_columns_and_numeric_types_map_to_text_and_int() -> None:
+    # MySQL VARBINARY names come back as bytes; PostgreSQL numerics may be Decimal.
+    raw = ("naïve ☃".encode(), b"host:1:abc", Decimal(7), Decimal(1_000), 2_000, 1_500, 1_200)
+
+    record = drive(SQL.lease_get("ns", "naïve ☃"), FakeExecute(rows(raw)))
+
+    assert record is not None
+    assert (record.name, record.holder, record.fence) == ("naïve ☃", "host:1:abc", 7)
+    assert type(record.fence) is int and type(record.acquired_us) is int
+
+
+def test_sql_extend_binds_holder_fence_and_length_and_maps_the_row() -> None:
+    execute = FakeExecute(rows(ROW))
+
+    record = drive(SQL.lease_extend("ns", "job", "host:1:abc", 7, 9_000), execute)
+
+    assert record == RECORD
+    assert execute.statements == [
+        Statement(
+            "lease_extend",
+            {"namespace": "ns", "name": "job", "holder": "host:1:abc", "fence": 7, "ttl_us": 9_000},
+        )
+    ]
+
+
+def test_sql_extend_returns_none_when_not_held() -> None:
+    assert drive(SQL.lease_extend("ns", "job", "h", 7, 9_000), FakeExecute(rows())) is None
+
+
+@pytest.mark.parametrize(
+    ("result", "released"),
+    [
+        (rows((1,)), True),  # RETURNING 1 (PostgreSQL, SQLite)
+        (rows(rowcount=1), True),  # matched rows of an UPDATE (MySQL, CLIENT_FOUND_ROWS)
+        (rows(rowcount=0), False),
+        (rows(rowcount=-1), False),  # driver does not know: no row came back
+    ],
+)
+def test_sql_release_reports_whether_a_row_was_ours(result: SqlResult, released: bool) -> None:
+    execute = FakeExecute(result)
+
+    assert drive(SQL.lease_release("ns", "job", "h", 7), execute) is released
+    assert execute.statements == [
+        Statement("lease_release", {"namespace": "ns", "name": "job", "holder": "h", "fence": 7})
+    ]
+
+
+def test_sql_get_maps_the_row_or_none() -> None:
+    execute = FakeExecute(rows(ROW), rows())
+
+    assert drive(SQL.lease_get("ns", "job"), execute) == RECORD
+    assert drive(SQL.lease_get("ns", "job"), execute) is None
+    assert execute.statements == [Statement("lease_get", {"namespace": "ns", "name": "job"})] * 2
+
+
+def test_sql_list_maps_every_row_in_the_order_the_store_sorted_them() -> None:
+    second = ("k", "h2", 9, 1, 2, 1, 3)
+    execute = FakeExecute(rows(ROW, second), rows())
+
+    listed = drive(SQL.lease_list("ns"), execute)
+
+    assert [r.name for r in listed] == ["job", "k"]
+    assert listed[0] == RECORD
+    assert drive(SQL.lease_list("ns"), execute) == []
+    assert execute.names == ["lease_list", "lease_list"]
+    assert execute.statements[0].params == {"namespace": "ns"}
+
+
+@pytest.mark.parametrize(
+    ("dry_run", "statement"), [(True, "lease_prune_preview"), (False, "lease_prune")]
+)
+def test_sql_prune_uses_the_preview_for_a_dry_run_and_returns_sorted_names(
+    dry_run: bool, statement: str
+) -> None:
+    execute = FakeExecute(rows(("b",), (b"a",), ("c",)))
+
+    pruned = drive(SQL.lease_prune("ns", 60_000_000, dry_run), execute)
+
+    assert pruned == ["a", "b", "c"]
+    assert execute.statements == [
+        Statement(statement, {"namespace": "ns", "older_than_us": 60_000_000})
+    ]
+
+
+def _sql_statements_of_every_operation() -> list[Statement]:
+    execute = FakeExecute(*[rows()] * 8)
+    drive(SQL.lease_acquire("ns", "n", "h", 1, 0), execute)
+    drive(SQL.lease_extend("ns", "n", "h", 1, 1), execute)
+    drive(SQL.lease_release("ns", "n", "h", 1), execute)
+    drive(SQL.lease_get("ns", "n"), execute)
+    drive(SQL.lease_list("ns"), execute)
+    drive(SQL.lease_prune("ns", 1, True), execute)
+    drive(SQL.lease_prune("ns", 1, False), execute)
+    return execute.statements
+
+
+STORE_QUERIES = {
+    "sqlite": {"schema_version", "schema_init", "schema_record"},
+    "postgres": {"schema_version", "schema_init", "schema_record", "migration_lock"},
+    "mysql": {
+        "schema_version",
+        "schema_init",
+        "schema_record",
+        "migration_lock",
+        "migration_unlock",
+    },
+}
+PLACEHOLDER = {
+    "sqlite": r":([a-z_]+)\b",
+    "postgres": r"%\(([a-z_]+)\)s",
+    "mysql": r"%\(([a-z_]+)\)s",
+}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_every_dialect_defines_every_query_the_operations_and_its_store_use(dialect: str) -> None:
+    queries = load_queries(dialect)
+    used = {statement.name for statement in _sql_statements_of_every_operation()}
+
+    assert used | STORE_QUERIES[dialect] <= set(queries), sorted(used - set(queries))
+    assert all(text and not text.endswith(";") for text in queries.values())
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_every_placeholder_of_a_dialect_query_is_bound_by_its_operation(dialect: str) -> None:
+    queries = load_queries(dialect)
+    for statement in _sql_statements_of_every_operation():
+        placeholders = set(re.findall(PLACEHOLDER[dialect], queries[statement.name]))
+        assert placeholders == set(statement.params), (dialect, statement.name)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_every_dialect_has_the_same_migrations_in_version_order(dialect: str) -> None:
+    migrations = load_migrations(dialect)
+
+    assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
+    assert [m.name for m in migrations] == [m.name for m in load_migrations("sqlite")]
+    assert all(m.statements for m in migrations)
+
+
+def test_split_statements_drops_comments_and_splits_at_line_ending_semicolons() -> None:
+    text = "-- a comment\nCREATE TABLE a (x int);\n\nCREATE TABLE b (\n  y text\n);\n"
+
+    assert split_statements(text) == ("CREATE TABLE a (x int)", "CREATE TABLE b (\n  y text\n)")
+
+
+# -- Redis operations ----------------------------------------------------------------------
+REDIS = RedisOperations()
+KEY = lease_key("ns", "job")
+
+
+def test_redis_acquire_is_one_script_call_on_the_lease_key() -> None:
+    execute = FakeExecute([b"7", b"1000", b"2000", b"1500", b"1200"])
+
+    record = drive(REDIS.lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute)
+
+    assert record == RECORD
+    assert execute.statements == [
+        Statement("lease_acquire", {"argv": ("host:1:abc", 1_000, 500, "ns", "job")}, keys=(KEY,))
+    ]
+
+
+@pytest.mark.parametrize("reply", [None, False, 0])
+def test_redis_acquire_and_extend_return_none_when_the_script_refuses(reply: object) -> None:
+    assert drive(REDIS.lease_acquire("ns", "job", "h", 1, 0), FakeExecute(reply)) is None
+    assert drive(REDIS.lease_extend("ns", "job", "h", 7, 1), FakeExecute(reply)) is None
+
+
+def test_redis_extend_binds_holder_fence_and_length() -> None:
+    execute = FakeExecute(["7", "1000", "2000", "1500", "1200"])
+
+    record = drive(REDIS.lease_extend("ns", "job", "host:1:abc", 7, 9_000), execute)
+
+    assert record == RECORD
+    assert execute.statements == [
+        Statement("lease_extend", {"argv": ("host:1:abc", 7, 9_000)}, keys=(KEY,))
+    ]
+
+
+@pytest.mark.parametrize(("reply", "released"), [(1, True), (0, False)])
+def test_redis_release_reports_the_scripts_answer(reply: int, released: bool) -> None:
+    execute = FakeExecute(reply)
+
+    assert drive(REDIS.lease_release("ns", "job", "h", 7), execute) is released
+    assert execute.statements == [Statement("lease_release", {"argv": ("h", 7)}, keys=(KEY,))]
+
+
+def test_redis_get_maps_the_stored_fields_or_none() -> None:
+    reply = [b"host:1:abc", b"7", b"1000", b"2000", b"1500", b"1200", b"job"]
+    execute = FakeExecute(reply, None)
+
+    assert drive(REDIS.lease_get("ns", "job"), execute) == RECORD
+    assert drive(REDIS.lease_get("ns", "job"), execute) is None
+    assert execute.statements[0] == Statement("lease_get", {"argv": ()}, keys=(KEY,))
+
+
+def test_redis_list_scans_the_namespace_then_reads_every_key_in_one_batch() -> None:
+    keys = [lease_key("ns", "zeta"), lease_key("ns", "alpha"), lease_key("ns", "gone")]
+    execute = FakeExecute(
+        keys,
+        [
+            [b"h1", b"1", b"1", b"2", b"1", b"3", b"zeta"],
+            [b"h2", b"2", b"1", b"2", b"1", b"3", b"alpha"],
+            None,  # deleted between SCAN and the read
+        ],
+    )
+
+    listed = drive(REDIS.lease_list("ns"), execute)
+
+    assert [r.name for r in listed] == ["alpha", "zeta"]
+    assert [r.holder for r in listed] == ["h2", "h1"]
+    assert execute.statements == [
+        Statement("scan", {"match": _namespace_pattern("ns")}),
+        Statement("lease_get[]", {"argv": ()}, keys=tuple(keys)),
+    ]
+
+
+@pytest.mark.parametrize(("dry_run", "flag"), [(True, 1), (False, 0)])
+def test_redis_prune_scans_then_prunes_each_key_and_returns_sorted_names(
+    dry_run: bool, flag: int
+) -> None:
+    keys = [lease_key("ns", "b"), lease_key("ns", "a"), lease_key("ns", "held")]
+    execute = FakeExecute(keys, [b"b", b"a", False])
+
+    assert drive(REDIS.lease_prune("ns", 5_000, dry_run), execute) == ["a", "b"]
+    assert execute.statements[1] == Statement(
+        "lease_prune[]", {"argv": (5_000, flag)}, keys=tuple(keys)
+    )
+
+
+def test_every_redis_statement_is_a_script_or_a_scan() -> None:
+    execute = FakeExecute(None, None, 0, None, [], [], [], [])
+    drive(REDIS.lease_acquire("ns", "n", "h", 1, 0), execute)
+    drive(REDIS.lease_extend("ns", "n", "h", 1, 1), execute)
+    drive(REDIS.lease_release("ns", "n", "h", 1), execute)
+    drive(REDIS.lease_get("ns", "n"), execute)
+    drive(REDIS.lease_list("ns"), execute)
+    drive(REDIS.lease_prune("ns", 1, False), execute)
+
+    for name in execute.names:
+        assert name == "scan" or name.removesuffix("[]") in SCRIPTS, name
+
+
+def test_redis_keys_are_hash_tagged_and_unambiguous() -> None:
+    assert lease_key("ns", "job") == "fleetcron:{2:ns:job}"
+    assert lease_key("a", "b:c") != lease_key("a:b", "c")
+    assert _namespace_pattern("a*b?[c]") == "fleetcron:{7:a\\*b\\?\\[c\\]:*"
+
+
+# -- the runners -----------------------------------------------------------------------
+def _two_step() -> Any:
+    first = yield Statement("one")
+    second = yield Statement("two", {"previous": first})
+    return (first, second)
+
+
+def test_drive_feeds_each_result_back_and_returns_the_operations_value() -> None:
+    execute = FakeExecute("a", "b")
+
+    assert drive(_two_step(), execute) == ("a", "b")
+    assert execute.statements == [Statement("one"), Statement("two", {"previous": "a"})]
+
+
+async def test_drive_async_feeds_each_awaited_result_back() -> None:
+    execute = FakeExecute("a", "b")
+
+    async def run(statement: Statement) -> Any:
+        return execute(statement)
+
+    assert await drive_async(_two_step(), run) == ("a", "b")
+    assert execute.names == ["one", "two"]
+
+
+def test_a_failing_statement_propagates_and_closes_the_operation() -> None:
+    operation = _two_step()
+
+    def fail(statement: Statement) -> Any:
+        raise RuntimeError(f"store failed on {statement.name}")
+
+    with pytest.raises(RuntimeError, match="store failed on one"):
+        drive(operation, fail)
+    assert operation.gi_frame is None  # closed, not left suspended

@@ -1,0 +1,63 @@
+"""check_sqlite_path refuses network filesystems, read from a (fake) mountinfo file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetcron.errors import ConfigurationError
+from fleetcron.stores.sqlite import check_sqlite_path, filesystem_type
+
+
+def _mountinfo(tmp_path: Path, *mounts: tuple[str, str]) -> Path:
+    lines = ["22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw"]
+    for index, (point, fs_type) in enumerate(mounts):
+        escaped = point.replace(" ", "\\040")
+        lines.append(f"{90 + index} 22 0:{50 + index} / {escaped} rw - {fs_type} src:/x rw")
+    path = tmp_path / "mountinfo"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("fs_type", ["nfs", "nfs4", "cifs", "smb3", "fuse.sshfs", "9p", "ceph"])
+def test_a_database_on_a_network_filesystem_is_refused(tmp_path: Path, fs_type: str) -> None:
+    share = tmp_path / "share"
+    share.mkdir()
+    mountinfo = _mountinfo(tmp_path, (str(share), fs_type))
+    with pytest.raises(ConfigurationError, match=rf"network filesystem \({fs_type}\)"):
+        check_sqlite_path(share / "fc.db", create_parent=False, mountinfo=mountinfo)
+    assert list(share.iterdir()) == []
+
+
+def test_the_longest_mount_point_decides(tmp_path: Path) -> None:
+    share = tmp_path / "share"
+    local = share / "local"
+    local.mkdir(parents=True)
+    mountinfo = _mountinfo(tmp_path, (str(share), "nfs4"), (str(local), "ext4"))
+    assert filesystem_type(local, mountinfo) == "ext4"
+    assert filesystem_type(share, mountinfo) == "nfs4"
+    path = check_sqlite_path(local / "fc.db", create_parent=False, mountinfo=mountinfo)
+    assert path == local / "fc.db"
+
+
+def test_a_mount_point_with_a_space_is_matched(tmp_path: Path) -> None:
+    share = tmp_path / "my share"
+    share.mkdir()
+    mountinfo = _mountinfo(tmp_path, (str(share), "nfs"))
+    assert filesystem_type(share, mountinfo) == "nfs"
+
+
+def test_a_sibling_with_a_common_prefix_is_not_inside_the_mount(tmp_path: Path) -> None:
+    (tmp_path / "share").mkdir()
+    sibling = tmp_path / "share2"
+    sibling.mkdir()
+    mountinfo = _mountinfo(tmp_path, (str(tmp_path / "share"), "nfs"))
+    assert filesystem_type(sibling, mountinfo) == "ext4"
+    check_sqlite_path(sibling / "fc.db", create_parent=False, mountinfo=mountinfo)
+
+
+def test_an_unreadable_mountinfo_does_not_refuse(tmp_path: Path) -> None:
+    missing = tmp_path / "no-mountinfo"
+    assert filesystem_type(tmp_path, missing) is None
+    check_sqlite_path(tmp_path / "fc.db", create_parent=False, mountinfo=missing)
