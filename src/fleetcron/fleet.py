@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import os
 import random
 import time
@@ -74,6 +75,36 @@ def lease_terms(
     )
 
 
+_lease_terms_cached = functools.lru_cache(maxsize=1024)(lease_terms)
+
+
+def _cached_terms(
+    namespace: str,
+    name: str,
+    *,
+    lock_at_most: DurationLike,
+    lock_at_least: DurationLike,
+    keepalive: bool,
+) -> LeaseTerms:
+    """:func:`lease_terms`, memoised: a hot loop of ``try_lock`` parses nothing twice."""
+    try:
+        return _lease_terms_cached(
+            namespace,
+            name,
+            lock_at_most=lock_at_most,
+            lock_at_least=lock_at_least,
+            keepalive=keepalive,
+        )
+    except TypeError:  # an unhashable argument: let validation say what is wrong
+        return lease_terms(
+            namespace,
+            name,
+            lock_at_most=lock_at_most,
+            lock_at_least=lock_at_least,
+            keepalive=keepalive,
+        )
+
+
 def _wait_micros(wait: DurationLike | None) -> int:
     if wait is None:
         return 0
@@ -97,6 +128,8 @@ def _log_skipped(terms: LeaseTerms) -> None:
 
 
 def _log_acquired(lease: Lease | AsyncLease) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
     log.info(
         "acquired %s (fence %d)",
         lease.name,
@@ -133,7 +166,7 @@ class Fleet:
     def _terms(
         self, name: str, lock_at_most: DurationLike, lock_at_least: DurationLike, keepalive: bool
     ) -> LeaseTerms:
-        return lease_terms(
+        return _cached_terms(
             self.namespace,
             name,
             lock_at_most=lock_at_most,
@@ -362,7 +395,7 @@ class AsyncFleet:
         wait: DurationLike | None = None,
     ) -> AsyncLease | None:
         """Async :meth:`Fleet.try_lock`."""
-        terms = lease_terms(
+        terms = _cached_terms(
             self.namespace,
             name,
             lock_at_most=lock_at_most,

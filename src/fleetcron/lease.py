@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import secrets
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
@@ -34,9 +36,12 @@ __all__ = ["AsyncLease", "Lease", "LeaseTerms", "new_holder", "safety_margin_us"
 _MAX_MARGIN_US = 2_000_000
 
 
+_HOST = socket.gethostname()
+
+
 def new_holder() -> str:
     """``host:pid:token`` — the token is secret and unique per acquisition."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(10)}"
+    return f"{_HOST}:{os.getpid()}:{secrets.token_hex(10)}"
 
 
 def safety_margin_us(ttl_us: int) -> int:
@@ -44,25 +49,15 @@ def safety_margin_us(ttl_us: int) -> int:
     return min(ttl_us // 10, _MAX_MARGIN_US)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseTerms:
-    """What was asked for: namespace, name, lengths and the keepalive choice."""
+    """What was asked for: namespace, name, lengths (µs) and the keepalive choice."""
 
-    __slots__ = ("keepalive", "lock_at_least_us", "lock_at_most_us", "name", "namespace")
-
-    def __init__(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        lock_at_most_us: int,
-        lock_at_least_us: int,
-        keepalive: bool,
-    ) -> None:
-        self.namespace = namespace
-        self.name = name
-        self.lock_at_most_us = lock_at_most_us
-        self.lock_at_least_us = lock_at_least_us
-        self.keepalive = keepalive
+    namespace: str
+    name: str
+    lock_at_most_us: int
+    lock_at_least_us: int
+    keepalive: bool
 
 
 class _LeaseBase:
@@ -277,12 +272,13 @@ class Lease(_LeaseBase):
         released = self._store.run(
             self._store.ops.lease_release(terms.namespace, terms.name, self.holder, self.fence)
         )
-        log.debug(
-            "released %s (fence %d)",
-            self.name,
-            self.fence,
-            extra={"action": "lock_released", "lock": self.name, "fence": self.fence},
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "released %s (fence %d)",
+                self.name,
+                self.fence,
+                extra={"action": "lock_released", "lock": self.name, "fence": self.fence},
+            )
         return released
 
     def __enter__(self) -> Self:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -64,11 +65,11 @@ SQL = SqlOperations()
 
 
 def test_sql_acquire_is_one_statement_binding_every_lease_term() -> None:
-    execute = FakeExecute(rows(ROW))
+    execute = FakeExecute(rows((7, 1_000)))  # (fence, store now)
 
-    record = drive(SQL.lease_acquire("ns", "job", "host:1:abc", 30_000_000, 5_000), execute)
+    record = drive(SQL.lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute)
 
-    assert record == RECORD
+    assert record == replace(RECORD, now_us=1_000)
     assert execute.statements == [
         Statement(
             "lease_acquire",
@@ -76,8 +77,8 @@ def test_sql_acquire_is_one_statement_binding_every_lease_term() -> None:
                 "namespace": "ns",
                 "name": "job",
                 "holder": "host:1:abc",
-                "ttl_us": 30_000_000,
-                "least_us": 5_000,
+                "ttl_us": 1_000,
+                "least_us": 500,
             },
         )
     ]
@@ -85,6 +86,32 @@ def test_sql_acquire_is_one_statement_binding_every_lease_term() -> None:
 
 def test_sql_acquire_returns_none_when_the_statement_returns_no_row() -> None:
     assert drive(SQL.lease_acquire("ns", "job", "h", 1, 0), FakeExecute(rows())) is None
+
+
+MYSQL = SqlOperations(creates_rows=True)
+
+
+def test_mysql_acquire_is_refused_when_its_update_matched_nothing() -> None:
+    execute = FakeExecute(rows((7, 1_000), rowcount=0))  # the row another holder has
+
+    assert drive(MYSQL.lease_acquire("ns", "job", "host:1:abc", 1, 0), execute) is None
+    assert execute.names == ["lease_acquire"]
+
+
+def test_mysql_acquire_of_a_new_name_creates_the_row_then_acquires_once_more() -> None:
+    execute = FakeExecute(rows(rowcount=0), rows(rowcount=1), rows((7, 1_000), rowcount=1))
+
+    record = drive(MYSQL.lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute)
+
+    assert record == replace(RECORD, now_us=1_000)
+    assert execute.names == ["lease_acquire", "lease_create", "lease_acquire"]
+    assert execute.statements[1].params == {"namespace": "ns", "name": "job"}
+
+
+def test_extend_is_refused_when_the_update_matched_nothing_even_if_a_row_came_back() -> None:
+    execute = FakeExecute(rows(ROW, rowcount=0))
+
+    assert drive(MYSQL.lease_extend("ns", "job", "host:1:abc", 7, 1), execute) is None
 
 
 def test_sql_rows_from_binary_columns_and_numeric_types_map_to_text_and_int() -> None:
@@ -239,11 +266,11 @@ KEY = lease_key("ns", "job")
 
 
 def test_redis_acquire_is_one_script_call_on_the_lease_key() -> None:
-    execute = FakeExecute([b"7", b"1000", b"2000", b"1500", b"1200"])
+    execute = FakeExecute([7, 1_000])  # {fence, store now}: the rest follows from the terms
 
     record = drive(REDIS.lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute)
 
-    assert record == RECORD
+    assert record == replace(RECORD, now_us=1_000)
     assert execute.statements == [
         Statement("lease_acquire", {"argv": ("host:1:abc", 1_000, 500, "ns", "job")}, keys=(KEY,))
     ]

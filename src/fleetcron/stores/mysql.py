@@ -7,6 +7,7 @@ and ``CLIENT_FOUND_ROWS`` so an UPDATE reports the rows it matched.
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 import pymysql
@@ -20,6 +21,7 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, SqlResult
+from fleetcron.stores.sqlops import SqlOperations
 from fleetcron.stores.sqlstore import SqlSyncStore, store_error
 from fleetcron.stores.url import StoreURL
 
@@ -81,22 +83,31 @@ class MysqlStore(SqlSyncStore):
     def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
         self._args = connect_args(url)
         super().__init__(url, auto_migrate=auto_migrate)
+        self.ops = SqlOperations(creates_rows=True)
 
     def _connect(self) -> Any:
         return pymysql.connect(**self._args)
 
-    def _execute(self, conn: Any, sql: str, params: dict[str, object]) -> SqlResult:
+    def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
         rows: list[tuple[Any, ...]] = []
         rowcount = 0
-        with conn.cursor() as cur:
-            cur.execute(sql, params or None)
-            while True:
-                if cur.description is not None:
-                    rows = list(cur.fetchall())
-                else:
-                    rowcount = cur.rowcount
-                if not cur.nextset():
-                    break
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params or None)
+                while True:
+                    if cur.description is not None:
+                        rows = list(cur.fetchall())
+                    else:
+                        rowcount = cur.rowcount
+                    if not cur.nextset():
+                        break
+        except pymysql.err.MySQLError:
+            # A block that opened a transaction (prune) must not leave it open on failure.
+            try:
+                conn.rollback()
+            except pymysql.err.MySQLError:
+                pass
+            raise
         return SqlResult(rows=rows, rowcount=rowcount)
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:

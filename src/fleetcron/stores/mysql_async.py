@@ -30,7 +30,7 @@ class AsyncMysqlStore:
         args = connect_args(url)
         args["db"] = args.pop("database")
         self._args = args
-        self.ops = SqlOperations()
+        self.ops = SqlOperations(creates_rows=True)
         self.queries = load_queries("mysql")
         self._latest = max(m.version for m in load_migrations("mysql"))
         self._lock = asyncio.Lock()

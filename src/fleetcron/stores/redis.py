@@ -38,16 +38,16 @@ LEASE_ACQUIRE = (
     _NOW
     + """
 -- KEYS[1] lease hash; ARGV: holder, ttl_us, least_us, namespace, name
--- returns false when held at TIME, else {fence, acquired, expires, min_until, now} (strings)
+-- returns false when held at TIME, else {fence, now} as integers (exact below 2^53;
+-- the caller derives expires = now + ttl and min_until = now + least)
 local cur = redis.call('HMGET', KEYS[1], 'expires', 'fence')
 if cur[1] and tonumber(cur[1]) > now then return false end
 local fence = now
 if cur[2] and tonumber(cur[2]) + 1 > fence then fence = tonumber(cur[2]) + 1 end
-local expires = now + tonumber(ARGV[2])
-local least = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'fence', s(fence), 'acquired', s(now),
-           'expires', s(expires), 'min_until', s(least), 'ns', ARGV[4], 'name', ARGV[5])
-return {s(fence), s(now), s(expires), s(least), s(now)}
+           'expires', s(now + tonumber(ARGV[2])), 'min_until', s(now + tonumber(ARGV[3])))
+if not cur[2] then redis.call('HSET', KEYS[1], 'ns', ARGV[4], 'name', ARGV[5]) end
+return {fence, now}
 """
 )
 
@@ -163,7 +163,19 @@ class RedisOperations:
             {"argv": (holder, ttl_us, least_us, namespace, name)},
             keys=(lease_key(namespace, name),),
         )
-        return _record(namespace, name, holder, reply) if reply else None
+        if not reply:
+            return None
+        fence, now = int(reply[0]), int(reply[1])
+        return LeaseRecord(
+            namespace=namespace,
+            name=name,
+            holder=holder,
+            fence=fence,
+            acquired_us=now,
+            expires_us=now + ttl_us,
+            min_until_us=now + least_us,
+            now_us=now,
+        )
 
     def lease_extend(
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,7 @@ class SqliteStore(SqlSyncStore):
             raise
         return conn
 
-    def _execute(self, conn: Any, sql: str, params: dict[str, object]) -> SqlResult:
+    def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
         # BEGIN IMMEDIATE takes the write lock up front, so busy_timeout applies; a
         # DEFERRED read-then-write would fail at once with SQLITE_BUSY instead of waiting.
         conn.execute("BEGIN IMMEDIATE")

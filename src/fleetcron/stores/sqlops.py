@@ -72,23 +72,47 @@ def load_migrations(dialect: str) -> list[Migration]:
 
 
 class SqlOperations:
-    """Lease operations as statement generators, shared by every SQL dialect."""
+    """Lease operations as statement generators, shared by every SQL dialect.
+
+    ``creates_rows``: the dialect's ``lease_acquire`` only updates an existing row, reads
+    the row back whoever holds it and reports the UPDATE's matched count (MySQL, which has
+    no ``RETURNING``); a missing row is made with ``lease_create`` and the acquire tried
+    once more. Otherwise ``lease_acquire`` returns a row only when it took the lease.
+    """
+
+    def __init__(self, *, creates_rows: bool = False) -> None:
+        self.creates_rows = creates_rows
 
     def lease_acquire(
         self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
     ) -> Operation[LeaseRecord | None]:
-        result: SqlResult = yield Statement(
-            "lease_acquire",
-            {
-                "namespace": namespace,
-                "name": name,
-                "holder": holder,
-                "ttl_us": ttl_us,
-                "least_us": least_us,
-            },
+        params = {
+            "namespace": namespace,
+            "name": name,
+            "holder": holder,
+            "ttl_us": ttl_us,
+            "least_us": least_us,
+        }
+        result: SqlResult = yield Statement("lease_acquire", params)
+        if not result.rows and self.creates_rows:
+            yield Statement("lease_create", {"namespace": namespace, "name": name})
+            result = yield Statement("lease_acquire", params)
+        # Taken only if the statement changed the row (MySQL reads the row back whoever
+        # holds it; a matched count of 0 means it was held). The row is (fence, store now);
+        # the rest follows from the terms, so nothing more crosses the wire.
+        if not result.rows or result.rowcount == 0:
+            return None
+        fence, now = (int(value) for value in result.rows[0][:2])
+        return LeaseRecord(
+            namespace=namespace,
+            name=name,
+            holder=holder,
+            fence=fence,
+            acquired_us=now,
+            expires_us=now + ttl_us,
+            min_until_us=now + least_us,
+            now_us=now,
         )
-        records = rows_to_records(namespace, result.rows)
-        return records[0] if records else None
 
     def lease_extend(
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
@@ -104,7 +128,10 @@ class SqlOperations:
             },
         )
         records = rows_to_records(namespace, result.rows)
-        return records[0] if records else None
+        # MySQL's SELECT finds the row even when the UPDATE matched nothing: its matched
+        # count (0) decides. PostgreSQL and SQLite return rows only for a match (SQLite may
+        # report -1, "unknown", for a statement that starts with WITH).
+        return records[0] if records and result.rowcount != 0 else None
 
     def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
         result: SqlResult = yield Statement(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
@@ -46,7 +47,7 @@ class SqlSyncStore(ABC):
         """Open a new connection (autocommit, READ COMMITTED, UTC)."""
 
     @abstractmethod
-    def _execute(self, conn: Any, sql: str, params: dict[str, object]) -> SqlResult:
+    def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
         """Execute one query text (it may hold several statements where the dialect allows)."""
 
     @abstractmethod
@@ -78,22 +79,28 @@ class SqlSyncStore(ABC):
             self._close_connection(self._conn)
             self._conn = None
 
-    def execute_text(self, sql: str, params: dict[str, object] | None = None) -> SqlResult:
+    def execute_text(self, sql: str, params: Mapping[str, object] | None = None) -> SqlResult:
         """Execute ``sql`` on the store's connection, translating driver errors once."""
         with self._lock:
             conn = self._connection()
             try:
-                return self._execute(conn, sql, dict(params or {}))
+                return self._execute(conn, sql, params or {})
             except Exception as exc:
                 error = self._translate(exc)
                 if error is None:
+                    self._discard()  # a bug or an interruption mid-protocol: start afresh
                     raise
                 if isinstance(error, StoreUnavailable):
                     self._discard()
                 raise error from exc
+            except BaseException:
+                # Interrupted inside the driver (LeaseLost raised into this thread,
+                # KeyboardInterrupt): the connection may be mid-protocol; never reuse it.
+                self._discard()
+                raise
 
     def _statement(self, statement: Statement) -> SqlResult:
-        return self.execute_text(self.queries[statement.name], dict(statement.params))
+        return self.execute_text(self.queries[statement.name], statement.params)
 
     def run(self, operation: Operation[T]) -> T:
         """Carry out ``operation`` (one lock hold, so its statements are not interleaved)."""

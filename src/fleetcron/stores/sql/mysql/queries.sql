@@ -7,45 +7,42 @@
 SELECT coalesce(max(version), 0) FROM fleetcron_schema;
 
 -- name: lease_acquire
--- The row is made to exist first (ON DUPLICATE KEY, never INSERT IGNORE, which would turn
--- truncation into a warning); the conditional UPDATE then decides. A concurrent acquirer
--- blocks on the row lock and re-reads the committed row, so exactly one wins.
-SET @fc_now = UTC_TIMESTAMP(6);
+-- The conditional UPDATE decides (a concurrent acquirer blocks on the row lock and re-reads
+-- the committed row, so exactly one wins); the SELECT returns the row whoever holds it, and
+-- the operation compares the holder. UTC_TIMESTAMP(6) is constant within a statement.
+UPDATE fleetcron_lease
+   SET holder = %(holder)s,
+       fence = GREATEST(fence + 1, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))),
+       acquired_at = UTC_TIMESTAMP(6),
+       expires_at = TIMESTAMPADD(MICROSECOND, %(ttl_us)s, UTC_TIMESTAMP(6)),
+       min_until = TIMESTAMPADD(MICROSECOND, %(least_us)s, UTC_TIMESTAMP(6))
+ WHERE namespace = %(namespace)s AND name = %(name)s AND expires_at <= UTC_TIMESTAMP(6);
+SELECT fence, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at)
+  FROM fleetcron_lease
+ WHERE namespace = %(namespace)s AND name = %(name)s;
+
+-- name: lease_create
+-- First use of a name: make the row exist, expired, so the next acquire can take it. Never
+-- INSERT IGNORE, which would turn truncation into a warning.
 INSERT INTO fleetcron_lease (namespace, name, holder, fence, acquired_at, expires_at, min_until)
 VALUES (%(namespace)s, %(name)s, '', 0, '1970-01-01', '1970-01-01', '1970-01-01')
 ON DUPLICATE KEY UPDATE fence = fence;
-UPDATE fleetcron_lease
-   SET holder = %(holder)s,
-       fence = GREATEST(fence + 1, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', @fc_now)),
-       acquired_at = @fc_now,
-       expires_at = TIMESTAMPADD(MICROSECOND, %(ttl_us)s, @fc_now),
-       min_until = TIMESTAMPADD(MICROSECOND, %(least_us)s, @fc_now)
- WHERE namespace = %(namespace)s AND name = %(name)s AND expires_at <= @fc_now;
-SELECT name, holder, fence,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', @fc_now)
-  FROM fleetcron_lease
- WHERE namespace = %(namespace)s AND name = %(name)s
-   AND holder = %(holder)s AND acquired_at = @fc_now;
 
 -- name: lease_extend
-SET @fc_now = UTC_TIMESTAMP(6);
-SET @fc_exp = TIMESTAMPADD(MICROSECOND, %(ttl_us)s, @fc_now);
+-- FOUND_ROWS makes the UPDATE's count the rows it matched: 0 means not ours any more.
 UPDATE fleetcron_lease
-   SET expires_at = GREATEST(@fc_exp, min_until)
+   SET expires_at = GREATEST(TIMESTAMPADD(MICROSECOND, %(ttl_us)s, UTC_TIMESTAMP(6)), min_until)
  WHERE namespace = %(namespace)s AND name = %(name)s
-   AND holder = %(holder)s AND fence = %(fence)s AND expires_at > @fc_now;
+   AND holder = %(holder)s AND fence = %(fence)s AND expires_at > UTC_TIMESTAMP(6);
 SELECT name, holder, fence,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', @fc_now)
+       -- the UPDATE's clock: expires = now + ttl (min_until is never later, as least <= most)
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at) - %(ttl_us)s
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s AND name = %(name)s
-   AND holder = %(holder)s AND fence = %(fence)s
-   AND expires_at = GREATEST(@fc_exp, min_until);
+   AND holder = %(holder)s AND fence = %(fence)s;
 
 -- name: lease_release
 UPDATE fleetcron_lease

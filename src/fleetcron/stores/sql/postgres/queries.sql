@@ -26,11 +26,7 @@ ON CONFLICT (namespace, name) DO UPDATE
        expires_at = excluded.expires_at,
        min_until = excluded.min_until
  WHERE l.expires_at <= excluded.acquired_at
-RETURNING name, holder, fence,
-          (extract(epoch FROM acquired_at) * 1000000)::bigint,
-          (extract(epoch FROM expires_at) * 1000000)::bigint,
-          (extract(epoch FROM min_until) * 1000000)::bigint,
-          (extract(epoch FROM acquired_at) * 1000000)::bigint;
+RETURNING fence, (extract(epoch FROM acquired_at) * 1000000)::bigint;
 
 -- name: lease_extend
 WITH now AS (SELECT clock_timestamp() AS t)
@@ -54,8 +50,7 @@ UPDATE fleetcron_lease AS l
   FROM now
  WHERE l.namespace = %(namespace)s AND l.name = %(name)s
    AND l.holder = %(holder)s AND l.fence = %(fence)s
-   AND l.expires_at > now.t
-RETURNING 1;
+   AND l.expires_at > now.t;
 
 -- name: lease_get
 SELECT name, holder, fence,

@@ -16,7 +16,7 @@ ON CONFLICT (namespace, name) DO UPDATE
        expires_us = excluded.expires_us,
        min_until_us = excluded.min_until_us
  WHERE l.expires_us <= excluded.acquired_us
-RETURNING name, holder, fence, acquired_us, expires_us, min_until_us, acquired_us;
+RETURNING fence, acquired_us;
 
 -- name: lease_extend
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
