@@ -42,7 +42,9 @@ _MIN_LOCK_AT_MOST_US = 100_000
 
 def resolve_namespace(explicit: str | None) -> str:
     """Namespace: explicit > ``$FLEETCRON_NAMESPACE`` > ``default``."""
-    return validate_namespace(explicit or os.environ.get(NAMESPACE_ENV) or "default")
+    if explicit is not None:
+        return validate_namespace(explicit)  # an explicit empty namespace is an error
+    return validate_namespace(os.environ.get(NAMESPACE_ENV) or "default")
 
 
 def lease_terms(
@@ -433,7 +435,13 @@ class AsyncFleet:
             wait=wait,
         )
         if lease is None:
-            raise LockBusy(validate_name(name))
+            holder = None
+            try:
+                record = await self.get(name)
+                holder = record.holder_display if record is not None and record.held else None
+            except Exception:  # only decorates the error message
+                holder = None
+            raise LockBusy(validate_name(name), holder=holder)
         return lease
 
     def locked(

@@ -111,6 +111,9 @@ class _LeaseBase:
         return not self._released and not self.is_lost and self.remaining_us() > 0
 
     def _lost_error(self) -> LeaseLost:
+        if self._lost_reason is None:
+            message = f"lease on {self.name!r} (fence {self.fence}) was already released"
+            return LeaseLost(self.name, message, fence=self.fence)
         return LeaseLost(
             self.name,
             f"lease on {self.name!r} (fence {self.fence}) was lost: {self._lost_reason}",
@@ -354,8 +357,10 @@ class AsyncLease(_LeaseBase):
         self._cancelled_owner = False
 
     def on_lost(self, callback: Callable[[AsyncLease], None]) -> None:
-        """Call ``callback(lease)`` when the lease is lost."""
+        """Call ``callback(lease)`` when the lease is lost (at once if it already is)."""
         self._on_lost.append(callback)
+        if self.is_lost:
+            callback(self)
 
     def start_keepalive(self) -> None:
         """Start the renewal task on the running loop (idempotent)."""

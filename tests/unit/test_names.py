@@ -39,3 +39,14 @@ def test_namespace_must_be_a_non_empty_string() -> None:
         validate_namespace("")
     with pytest.raises(ConfigurationError, match="must be a string"):
         validate_namespace(3)
+
+
+def test_an_explicitly_empty_namespace_is_an_error_not_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fleetcron.fleet import resolve_namespace
+
+    monkeypatch.delenv("FLEETCRON_NAMESPACE", raising=False)
+    assert resolve_namespace(None) == "default"
+    with pytest.raises(ConfigurationError, match="namespace is empty"):
+        resolve_namespace("")

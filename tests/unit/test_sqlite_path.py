@@ -61,3 +61,18 @@ def test_an_unreadable_mountinfo_does_not_refuse(tmp_path: Path) -> None:
     missing = tmp_path / "no-mountinfo"
     assert filesystem_type(tmp_path, missing) is None
     check_sqlite_path(tmp_path / "fc.db", create_parent=False, mountinfo=missing)
+
+
+def test_a_network_filesystem_is_refused_before_any_directory_is_created(tmp_path: Path) -> None:
+    share = tmp_path / "share"
+    share.mkdir()
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        f"36 25 0:32 / / rw,relatime - ext4 /dev/vda rw\n"
+        f"99 36 0:77 / {share} rw,relatime - nfs4 server:/export rw\n"
+    )
+    target = share / "state" / "fleetcron" / "fc.db"
+
+    with pytest.raises(ConfigurationError, match="network filesystem"):
+        check_sqlite_path(target, create_parent=True, mountinfo=mountinfo)
+    assert not (share / "state").exists()

@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 
@@ -224,6 +224,35 @@ def _supervise(lease: Lease, options: ExecOptions, backend_url: str | None) -> i
             "FLEETCRON_NAMESPACE": lease.namespace,
         },
     )
+    # Handlers go in before the child starts, so a SIGTERM that arrives meanwhile is held
+    # and forwarded to the child's group instead of killing us and orphaning the child.
+    pending: list[int] = []
+    forward_to: list[_Supervisor] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if forward_to:
+            forward_to[0].forward(signum)
+        else:
+            pending.append(signum)
+
+    previous = {
+        sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    }
+    try:
+        return _run_child(lease, options, env, run_id, pending, forward_to)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_child(
+    lease: Lease,
+    options: ExecOptions,
+    env: dict[str, str],
+    run_id: str,
+    pending: list[int],
+    forward_to: list[_Supervisor],
+) -> int:
     try:
         child = subprocess.Popen(options.command, env=env, start_new_session=True)
     except FileNotFoundError:
@@ -252,30 +281,25 @@ def _supervise(lease: Lease, options: ExecOptions, backend_url: str | None) -> i
     grace_s = options.kill_grace_us / 1e6
     supervisor = _Supervisor(child, grace_s)
     lease.on_lost(lambda _: supervisor.stop("lease_lost"))
-    previous = {
-        sig: signal.signal(sig, _forwarder(supervisor))
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    }
+    forward_to.append(supervisor)
+    for signum in pending:
+        supervisor.forward(signum)
     started = time.monotonic()
-    try:
-        while True:
-            try:
-                returncode = child.wait(timeout=_POLL_SECONDS)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            deadline_s = lease.remaining_us() / 1e6
-            # Without a successful renewal the group must be gone by the local deadline:
-            # SIGTERM a grace period before it, SIGKILL at it.
-            if deadline_s <= grace_s:
-                supervisor.stop("lease_lost", kill_at=now + max(deadline_s, 0))
-            if options.timeout_us is not None and now - started >= options.timeout_us / 1e6:
-                supervisor.stop("timeout")
-            supervisor.escalate()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    while True:
+        try:
+            returncode = child.wait(timeout=_POLL_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        deadline_s = lease.remaining_us() / 1e6
+        # Without a successful renewal the group must be gone by the local deadline:
+        # SIGTERM a grace period before it, SIGKILL at it.
+        if deadline_s <= grace_s:
+            supervisor.stop("lease_lost", kill_at=now + max(deadline_s, 0))
+        if options.timeout_us is not None and now - started >= options.timeout_us / 1e6:
+            supervisor.stop("timeout")
+        supervisor.escalate()
     if supervisor.reason == "lease_lost" or lease.is_lost:
         log.error(
             "lease on %s lost; command stopped (exit %d)",
@@ -303,10 +327,3 @@ def _supervise(lease: Lease, options: ExecOptions, backend_url: str | None) -> i
         },
     )
     return status
-
-
-def _forwarder(supervisor: _Supervisor) -> Callable[[int, FrameType | None], None]:
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        supervisor.forward(signum)
-
-    return forward

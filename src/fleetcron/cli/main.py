@@ -17,7 +17,7 @@ from typing import NoReturn
 from fleetcron import __version__
 from fleetcron.cli.exitcodes import EXIT_STORE_UNAVAILABLE, EXIT_USAGE
 from fleetcron.durations import format_duration, to_micros
-from fleetcron.errors import ConfigurationError, FleetcronError, StoreError
+from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
 from fleetcron.fleet import DEFAULT_LOCK_AT_MOST, Fleet, resolve_namespace
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
@@ -258,9 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"fleetcron: error: {exc.message}", file=sys.stderr)  # noqa: T201
         return EXIT_USAGE
-    except StoreError as exc:
+    except StoreUnavailable as exc:
         print(f"fleetcron: store unavailable: {exc.message}", file=sys.stderr)  # noqa: T201
         return EXIT_STORE_UNAVAILABLE
+    except StoreError as exc:
+        print(f"fleetcron: store error: {exc.message}", file=sys.stderr)  # noqa: T201
+        return 1
     except FleetcronError as exc:
         print(f"fleetcron: error: {exc.message}", file=sys.stderr)  # noqa: T201
         return 1

@@ -66,8 +66,8 @@ def open_store(url: StoreURL, *, auto_migrate: bool = True) -> SyncStore:
 
 
 async def open_async_store(url: StoreURL) -> AsyncStore:
-    """Connect an async store: native asyncio for PostgreSQL and Redis, a worker thread
-    for SQLite and MySQL."""
+    """Connect an async store: native asyncio for PostgreSQL, MySQL and Redis; SQLite
+    (a local file, no network wait) runs its statements in a worker thread."""
     import asyncio
 
     from fleetcron.stores.threaded import ThreadedAsyncStore
@@ -79,6 +79,12 @@ async def open_async_store(url: StoreURL) -> AsyncStore:
             pg = AsyncPostgresStore(url)
             await pg.open()
             return pg
+        if url.kind == "mysql":
+            from fleetcron.stores.mysql_async import AsyncMysqlStore
+
+            my = AsyncMysqlStore(url)
+            await my.open()
+            return my
         if url.kind == "redis":
             from fleetcron.stores.redis import AsyncRedisStore
 

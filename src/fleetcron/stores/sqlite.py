@@ -65,6 +65,16 @@ def check_sqlite_path(path: Path, *, create_parent: bool, mountinfo: Path = MOUN
     """
     path = path.expanduser().absolute()
     parent = path.parent
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    # Refuse a network filesystem before creating anything on it.
+    fs_type = filesystem_type(existing, mountinfo)
+    if fs_type is not None and (fs_type in NETWORK_FILESYSTEMS or fs_type.startswith("nfs")):
+        raise ConfigurationError(
+            f"SQLite database {path} is on a network filesystem ({fs_type}); SQLite's WAL "
+            "needs one host — use postgresql://, mysql:// or redis:// for a fleet"
+        )
     if not parent.exists():
         if not create_parent:
             raise ConfigurationError(f"SQLite database directory {parent} does not exist")
@@ -76,12 +86,6 @@ def check_sqlite_path(path: Path, *, create_parent: bool, mountinfo: Path = MOUN
             ) from None
     if not parent.is_dir():
         raise ConfigurationError(f"SQLite database directory {parent} is not a directory")
-    fs_type = filesystem_type(parent, mountinfo)
-    if fs_type is not None and (fs_type in NETWORK_FILESYSTEMS or fs_type.startswith("nfs")):
-        raise ConfigurationError(
-            f"SQLite database {path} is on a network filesystem ({fs_type}); SQLite's WAL "
-            "needs one host — use postgresql://, mysql:// or redis:// for a fleet"
-        )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigurationError(
             f"SQLite database directory {parent} is not writable (WAL needs to create "

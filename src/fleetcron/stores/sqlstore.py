@@ -71,7 +71,9 @@ class SqlSyncStore(ABC):
                 error = self._translate(exc)
                 if error is None:
                     raise
-                raise StoreUnavailable(f"cannot connect to {self.url}: {error.message}") from exc
+                # Keep the category: refused credentials are not "try again later".
+                kind = type(error) if isinstance(error, StoreError) else StoreUnavailable
+                raise kind(f"cannot connect to {self.url}: {error.message}") from exc
         return self._conn
 
     def _discard(self) -> None:
