@@ -6,6 +6,7 @@ The public surface is what ``__all__`` lists; everything else is private.
 from __future__ import annotations
 
 from fleetcron.clock import Clock, SystemClock
+from fleetcron.context import RunContext
 from fleetcron.errors import (
     ConfigurationError,
     FleetcronError,
@@ -32,6 +33,7 @@ __all__ = [
     "LeaseRecord",
     "LockBusy",
     "LockError",
+    "RunContext",
     "SchemaError",
     "StoreError",
     "StoreUnavailable",

@@ -16,6 +16,8 @@ import inspect
 import logging
 import os
 import random
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
@@ -24,10 +26,21 @@ from fleetcron._log import log
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import DurationLike, to_micros
 from fleetcron.errors import ConfigurationError, LockBusy
+from fleetcron.jobsfile import JobSpec, job_spec
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms, new_holder
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_name, validate_namespace
-from fleetcron.stores import AsyncStore, SyncStore, open_async_store, open_store, resolve_backend
+from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.stores import (
+    AsyncStore,
+    StoreURL,
+    SyncStore,
+    open_async_store,
+    open_store,
+    resolve_backend,
+)
+from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from fleetcron.stores.threaded import ThreadedAsyncStore
 
 __all__ = ["DEFAULT_LOCK_AT_MOST", "NAMESPACE_ENV", "AsyncFleet", "Fleet", "lease_terms"]
 
@@ -158,12 +171,120 @@ class Fleet:
     ) -> None:
         self.namespace = resolve_namespace(namespace)
         self.clock = clock
+        self._url: StoreURL | None = None
         if backend is None or isinstance(backend, str):
-            self.store: SyncStore = open_store(resolve_backend(backend))
+            self._url = resolve_backend(backend)
+            self.store: SyncStore = open_store(self._url)
             self._owns_store = True
         else:
             self.store = backend
             self._owns_store = False
+        self._jobs: list[JobSpec] = []
+        self._thread: threading.Thread | None = None
+        self._scheduler: Scheduler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduler_ready = threading.Event()
+        self._scheduler_error: BaseException | None = None
+
+    # -- the scheduler -------------------------------------------------------------------
+    @property
+    def jobs(self) -> tuple[JobSpec, ...]:
+        """The jobs registered with :meth:`job` or :meth:`add_job`."""
+        return tuple(self._jobs)
+
+    def add_job(self, spec: JobSpec) -> None:
+        """Register a job definition (e.g. from a jobs file); names must be unique."""
+        if any(existing.name == spec.name for existing in self._jobs):
+            raise ConfigurationError(f"Fleet.job: job {spec.name!r} is defined twice")
+        self._jobs.append(spec)
+
+    def job(self, name: str | None = None, **options: Any) -> Callable[[F], F]:
+        """Decorator: schedule the function as a job (keys as in the jobs file).
+
+        ``@fleet.job(schedule="*/5 * * * *", timezone="Europe/Berlin", lock_at_most="20m")``;
+        the function takes a :class:`~fleetcron.RunContext`; ``async def`` works too.
+        """
+
+        def decorate(func: F) -> F:
+            job_name = name or func.__name__.replace("_", "-")
+            self.add_job(job_spec(job_name, where="Fleet.job", call=func, **options))
+            return func
+
+        return decorate
+
+    def _async_store(self) -> Awaitable[AsyncStore]:
+        async def opened() -> AsyncStore:
+            if self._url is not None:
+                return await open_async_store(self._url)
+            if isinstance(self.store, MemoryStore):
+                return AsyncMemoryStore(self.store)
+            return ThreadedAsyncStore(self.store)
+
+        return opened()
+
+    async def _serve(self, options: SchedulerOptions, stop_on_signals: bool) -> None:
+        store = await self._async_store()
+        try:
+            scheduler = Scheduler(store, self._jobs, options, clock=self.clock)
+            self._scheduler = scheduler
+            self._loop = asyncio.get_running_loop()
+            if stop_on_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    self._loop.add_signal_handler(sig, scheduler.stop)
+            self._scheduler_ready.set()
+            await scheduler.run()
+        finally:
+            self._scheduler = None
+            if self._url is not None:
+                await store.close()
+
+    def _options(self, mode: str, concurrency: int) -> SchedulerOptions:
+        if not self._jobs:
+            raise ConfigurationError("no jobs: register some with @fleet.job(...) first")
+        return SchedulerOptions(
+            namespace=self.namespace,
+            mode=mode,
+            concurrency=concurrency,
+            backend_url=self._url.raw if self._url is not None else None,
+        )
+
+    def run(self, *, mode: str = "claim", concurrency: int = 16) -> None:
+        """Run the jobs in this thread until SIGTERM/SIGINT (the blocking daemon)."""
+        asyncio.run(self._serve(self._options(mode, concurrency), stop_on_signals=True))
+
+    def start(self, *, mode: str = "claim", concurrency: int = 16) -> None:
+        """Run the jobs in a background thread; :meth:`stop` ends it."""
+        options = self._options(mode, concurrency)
+        if self._thread is not None:
+            raise ConfigurationError("the scheduler is already running")
+        self._scheduler_ready.clear()
+
+        def target() -> None:
+            try:
+                asyncio.run(self._serve(options, stop_on_signals=False))
+            except BaseException as exc:  # surfaced by stop()
+                self._scheduler_error = exc
+                self._scheduler_ready.set()
+
+        self._thread = threading.Thread(target=target, name="fleetcron-scheduler", daemon=True)
+        self._thread.start()
+        self._scheduler_ready.wait(timeout=30)
+        if self._scheduler_error is not None:
+            error, self._scheduler_error, self._thread = self._scheduler_error, None, None
+            raise error
+
+    def stop(self, timeout: float | None = 60) -> None:
+        """Stop the background scheduler: no new claims; running jobs finish (grace)."""
+        thread, scheduler, loop = self._thread, self._scheduler, self._loop
+        if thread is None:
+            return
+        if scheduler is not None and loop is not None:
+            loop.call_soon_threadsafe(scheduler.stop)
+        thread.join(timeout)
+        self._thread = None
+        if self._scheduler_error is not None:
+            error, self._scheduler_error = self._scheduler_error, None
+            raise error
 
     def _terms(
         self, name: str, lock_at_most: DurationLike, lock_at_least: DurationLike, keepalive: bool
@@ -330,7 +451,8 @@ class Fleet:
         return self.store.run(self.store.ops.lease_prune(self.namespace, micros, dry_run))
 
     def close(self) -> None:
-        """Close the store if this fleet opened it."""
+        """Stop the scheduler if it runs; close the store if this fleet opened it."""
+        self.stop()
         if self._owns_store:
             self.store.close()
 

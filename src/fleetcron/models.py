@@ -5,7 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["LeaseRecord", "micros_to_datetime"]
+__all__ = [
+    "FINAL_STATES",
+    "PROGRESS_TRIGGERS",
+    "RUN_STATES",
+    "TRIGGERS",
+    "JobRecord",
+    "LeaseRecord",
+    "RunOutcome",
+    "RunRecord",
+    "SlotClaim",
+    "job_lease_name",
+    "micros_to_datetime",
+]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -50,3 +62,97 @@ class LeaseRecord:
         """``host:pid`` without the secret per-acquisition token."""
         host, _, rest = self.holder.rpartition(":")
         return host if host else rest
+
+
+RUN_STATES = (
+    "queued",
+    "running",
+    "succeeded",
+    "failed",
+    "skipped",
+    "missed",
+    "cancelled",
+    "lost",
+)
+FINAL_STATES = frozenset(RUN_STATES) - {"queued", "running"}
+TRIGGERS = ("schedule", "manual", "backfill", "exec")
+PROGRESS_TRIGGERS = frozenset({"schedule", "exec"})  # claims that move a job's high-water mark
+
+
+def job_lease_name(job: str) -> str:
+    """The lease row that serialises a job's runs and counts its fences."""
+    return f"fleetcron:job:{job}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotClaim:
+    """One slot a replica asks to run.
+
+    ``exclusive``: the job's lease must be free and is taken (overlap ``skip``,
+    ``buffer_one``, ``cancel_other``); otherwise only the job's fence counter moves
+    (``allow``). ``max_attempts`` is ``1 + retries``.
+    """
+
+    job: str
+    slot_us: int
+    run_id: str
+    exclusive: bool = True
+    max_attempts: int = 1
+    trigger: str = "schedule"
+    least_us: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOutcome:
+    """How an attempt ended. ``retry_after_us``: a failed attempt may be claimed again
+    that long after the store's now (``None``: no retry)."""
+
+    state: str
+    exit_code: int | None = None
+    error: str | None = None
+    output: str | None = None
+    retry_after_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRecord:
+    """The ledger row of one slot ``(job, slot)``. Times are the store's clock in µs."""
+
+    namespace: str
+    job: str
+    slot_us: int
+    state: str
+    attempt: int
+    fence: int
+    holder: str
+    run_id: str
+    trigger: str
+    started_us: int | None
+    finished_us: int | None
+    expires_us: int | None
+    retry_at_us: int | None
+    cancel_requested: bool
+    exit_code: int | None
+    error: str | None
+    output: str | None
+    now_us: int
+
+    @property
+    def slot(self) -> datetime:
+        return micros_to_datetime(self.slot_us)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRecord:
+    """A job as the store knows it: definition, pause flag, progress."""
+
+    namespace: str
+    job: str
+    paused: bool
+    definition: str
+    fingerprint: str
+    high_water_us: int | None
+    last_success_us: int | None
+    last_failure_us: int | None
+    updated_us: int
+    now_us: int

@@ -7,7 +7,8 @@ import fleetcron.errors
 def test_public_names_are_exactly_the_declared_ones() -> None:
     exported = {name for name in dir(fleetcron) if not name.startswith("_")}
     modules = {"clock", "errors", "fleet", "lease", "models", "stores", "names", "durations"}
-    modules |= {"testing", "_log", "cli"}
+    modules |= {"testing", "_log", "cli", "jobsfile", "schedules", "context", "environment"}
+    modules |= {"executor", "scheduler"}
     assert exported - modules - {"annotations"} == set(fleetcron.__all__) - {"__version__"}
 
 

@@ -13,9 +13,7 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.parse
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 
@@ -27,13 +25,13 @@ from fleetcron.cli.exitcodes import (
     EXIT_TIMEOUT,
 )
 from fleetcron.durations import to_micros
+from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError
 from fleetcron.fleet import Fleet
 from fleetcron.lease import Lease
 
 __all__ = ["ExecOptions", "child_environment", "exec_options", "option_micros", "run_exec"]
 
-_SECRET_VARS = ("FLEETCRON_BACKEND", "PGPASSWORD", "MYSQL_PWD", "REDISCLI_AUTH")
 _POLL_SECONDS = 0.2
 
 
@@ -100,35 +98,6 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
         skipped_exit_code=args.skipped_exit_code,
         kill_grace_us=grace,
     )
-
-
-def child_environment(
-    base: Mapping[str, str], backend_url: str | None, extra: Mapping[str, str]
-) -> dict[str, str]:
-    """The command's environment: ``base`` less the store's credentials, plus ``extra``."""
-    secrets: list[str] = []
-    if backend_url:
-        secrets.append(backend_url)
-        try:
-            parts = urllib.parse.urlsplit(backend_url)
-            passwords = [parts.password or ""]
-        except ValueError:
-            parts, passwords = None, []
-        if parts is not None:  # also ?password=… (libpq and others accept it)
-            passwords += [
-                value
-                for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-                if "password" in key.lower()
-            ]
-        for password in filter(None, passwords):
-            secrets.extend({password, urllib.parse.unquote(password)})
-    env = {
-        key: value
-        for key, value in base.items()
-        if key not in _SECRET_VARS and not any(secret in value for secret in secrets)
-    }
-    env.update(extra)
-    return env
 
 
 class _Supervisor:

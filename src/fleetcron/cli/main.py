@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from fleetcron import __version__
+from fleetcron.cli import next_cmd, scheduler_cmds
 from fleetcron.cli.exitcodes import EXIT_STORE_UNAVAILABLE, EXIT_USAGE
 from fleetcron.durations import format_duration, to_micros
 from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
@@ -124,15 +125,20 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--dry-run", action="store_true")
 
     commands.add_parser("migrate", parents=[common], help="create or upgrade the store's schema")
+    next_cmd.add_parser(commands, [common])
+    scheduler_cmds.add_parsers(commands, [common])
     return parser
 
 
-def _configure_logging(verbosity: int) -> None:
+def _configure_logging(verbosity: int, *, daemon: bool = False) -> None:
+    # A daemon reports every run (info); a one-shot command only what went wrong.
+    base = 1 if daemon else 0
     level = os.environ.get("FLEETCRON_LOG_LEVEL", "").upper() or (
-        "WARNING" if verbosity == 0 else "INFO" if verbosity == 1 else "DEBUG"
+        "WARNING" if verbosity + base == 0 else "INFO" if verbosity + base == 1 else "DEBUG"
     )
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("fleetcron: %(message)s"))
+    fmt = "%(asctime)s fleetcron: %(message)s" if daemon else "fleetcron: %(message)s"
+    handler.setFormatter(logging.Formatter(fmt))
     logger = logging.getLogger("fleetcron")
     logger.handlers[:] = [handler]
     logger.setLevel(level if level in logging.getLevelNamesMapping() else "WARNING")
@@ -239,6 +245,16 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         else:
             print(f"schema of {url.redacted} is up to date")  # noqa: T201
         return 0
+    if args.command == "next":
+        return next_cmd.run(args)
+    if args.command == "run":
+        return scheduler_cmds.run_run(args)
+    if args.command == "runs":
+        return scheduler_cmds.run_runs(args)
+    if args.command == "trigger":
+        return scheduler_cmds.run_trigger(args)
+    if args.command in ("pause", "resume"):
+        return scheduler_cmds.run_pause(args, paused=args.command == "pause")
     raise ConfigurationError("no command given (try: fleetcron --help)")
 
 
@@ -252,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _glue_negative_values(arguments)
     parser = build_parser()
     args = parser.parse_args(arguments)
-    _configure_logging(getattr(args, "verbose", 0))
+    _configure_logging(getattr(args, "verbose", 0), daemon=args.command == "run")
     try:
         return _dispatch(args, command)
     except ConfigurationError as exc:

@@ -23,15 +23,16 @@ Contract every backend keeps (``tests/contract`` is the executable specification
 from __future__ import annotations
 
 import enum
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from fleetcron.models import LeaseRecord
+from fleetcron.models import JobRecord, LeaseRecord, RunOutcome, RunRecord, SlotClaim
 
 __all__ = [
     "AsyncStore",
     "Capability",
+    "LedgerOperations",
     "Operation",
     "Operations",
     "SqlResult",
@@ -39,6 +40,9 @@ __all__ = [
     "SyncStore",
     "drive",
     "drive_async",
+    "rows_to_jobs",
+    "rows_to_records",
+    "rows_to_runs",
 ]
 
 T = TypeVar("T")
@@ -65,6 +69,10 @@ class Statement:
     name: str
     params: Mapping[str, object] = field(default_factory=dict)
     keys: tuple[str, ...] = ()
+    batch: tuple[Mapping[str, object], ...] | None = None
+    """When set, the query runs once per parameter set, all in one round trip (PostgreSQL
+    pipeline, MySQL multi-statement text, Redis pipeline); the result is a list, one
+    result per set, in order. Each execution must produce exactly one result set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +141,72 @@ class Operations(Protocol):
         self, namespace: str, older_than_us: int, dry_run: bool
     ) -> Operation[list[str]]:
         """Delete rows not held, and unused for ``older_than_us``; return their names."""
+        ...
+
+
+class LedgerOperations(Protocol):
+    """The run ledger's operations (docs/design/ledger.md)."""
+
+    def store_now(self) -> Operation[int]:
+        """The store's clock, µs since the epoch."""
+        ...
+
+    def run_claim(
+        self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
+    ) -> Operation[list[RunRecord]]:
+        """Claim slots in one round trip; returns the claimed attempts in input order."""
+        ...
+
+    def run_extend(
+        self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int
+    ) -> Operation[RunRecord | None]:
+        """Renew a running attempt (and the job lease with the same fence)."""
+        ...
+
+    def run_finish(
+        self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
+    ) -> Operation[bool]:
+        """Record an attempt's outcome; ``False`` (nothing changed) if no longer ours."""
+        ...
+
+    def run_record(
+        self, namespace: str, job: str, slot_us: int, state: str, error: str | None, trigger: str
+    ) -> Operation[bool]:
+        """Insert a final row (skipped, missed) for a slot that has none."""
+        ...
+
+    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
+        """Ask the job's running attempts to stop; returns how many were asked."""
+        ...
+
+    def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
+        """The ledger row of one slot."""
+        ...
+
+    def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
+        """Ledger rows, newest slot first."""
+        ...
+
+    def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
+        """Delete final rows beyond the newest ``keep`` per job or older than the age."""
+        ...
+
+    def job_register(
+        self, namespace: str, job: str, definition: str, fingerprint: str
+    ) -> Operation[JobRecord | None]:
+        """Upsert a job's definition; returns the row as it was before."""
+        ...
+
+    def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
+        """Pause or resume; ``False`` when the job is unknown."""
+        ...
+
+    def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
+        """One job row."""
+        ...
+
+    def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
+        """Every job row of the namespace, by name."""
         ...
 
 
@@ -213,6 +287,59 @@ def rows_to_records(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[Lea
         )
         for row in rows
     ]
+
+
+def rows_to_runs(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[RunRecord]:
+    """Map ``(job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+    finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output, now_us)``
+    rows."""
+    return [
+        RunRecord(
+            namespace=namespace,
+            job=_text(row[0]),
+            slot_us=int(row[1]),
+            state=_text(row[2]),
+            attempt=int(row[3]),
+            fence=int(row[4]),
+            holder=_text(row[5]),
+            run_id=_text(row[6]),
+            trigger=_text(row[7]),
+            started_us=_int(row[8]),
+            finished_us=_int(row[9]),
+            expires_us=_int(row[10]),
+            retry_at_us=_int(row[11]),
+            cancel_requested=bool(row[12]),
+            exit_code=_int(row[13]),
+            error=None if row[14] is None else _text(row[14]),
+            output=None if row[15] is None else _text(row[15]),
+            now_us=int(row[16]),
+        )
+        for row in rows
+    ]
+
+
+def rows_to_jobs(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[JobRecord]:
+    """Map ``(job, paused, definition, fingerprint, high_water_us, last_success_us,
+    last_failure_us, updated_us, now_us)`` rows."""
+    return [
+        JobRecord(
+            namespace=namespace,
+            job=_text(row[0]),
+            paused=bool(row[1]),
+            definition=_text(row[2]),
+            fingerprint=_text(row[3]),
+            high_water_us=_int(row[4]),
+            last_success_us=_int(row[5]),
+            last_failure_us=_int(row[6]),
+            updated_us=int(row[7]),
+            now_us=int(row[8]),
+        )
+        for row in rows
+    ]
+
+
+def _int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
 
 
 def _text(value: object) -> str:

@@ -7,13 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fleetcron.clock import SYSTEM_CLOCK, Clock
-from fleetcron.models import LeaseRecord
+from fleetcron.models import (
+    FINAL_STATES,
+    PROGRESS_TRIGGERS,
+    JobRecord,
+    LeaseRecord,
+    RunOutcome,
+    RunRecord,
+    SlotClaim,
+    job_lease_name,
+)
 from fleetcron.stores.base import Capability, Operation, Statement, drive
+from fleetcron.stores.ledger import decide_claim, decide_extend, decide_finish, new_job
 
 __all__ = ["AsyncMemoryStore", "MemoryOperations", "MemoryStore"]
 
@@ -23,6 +33,8 @@ T = TypeVar("T")
 @dataclass(slots=True)
 class _State:
     leases: dict[tuple[str, str], LeaseRecord]
+    runs: dict[tuple[str, str, int], RunRecord] = field(default_factory=dict)
+    jobs: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
 
 
 Step = Callable[[_State, int], Any]
@@ -32,7 +44,7 @@ def _step(fn: Step) -> Statement:
     return Statement("call", {"fn": fn})
 
 
-class MemoryOperations:
+class _MemoryLeases:
     """Lease operations over a dict; each yields one step run atomically by the store."""
 
     def lease_acquire(
@@ -133,6 +145,239 @@ class MemoryOperations:
 
         result: list[str] = yield _step(step)
         return result
+
+
+class _MemoryLedger:
+    """The run ledger over dicts: the reference the other backends are held to."""
+
+    def store_now(self) -> Operation[int]:
+        result: int = yield _step(lambda _state, now: now)
+        return result
+
+    def run_claim(
+        self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
+    ) -> Operation[list[RunRecord]]:
+        def step(state: _State, now: int) -> list[RunRecord]:
+            claimed = []
+            for claim in claims:
+                lease_key = (namespace, job_lease_name(claim.job))
+                decision = decide_claim(
+                    namespace=namespace,
+                    claim=claim,
+                    holder=holder,
+                    ttl_us=ttl_us,
+                    now=now,
+                    run=state.runs.get((namespace, claim.job, claim.slot_us)),
+                    lease=state.leases.get(lease_key),
+                    job=state.jobs.get((namespace, claim.job)),
+                )
+                if decision.closed is not None:
+                    state.runs[(namespace, claim.job, claim.slot_us)] = decision.closed
+                if decision.run is None or decision.lease is None:
+                    continue
+                state.leases[lease_key] = replace(decision.lease, name=lease_key[1])
+                state.runs[(namespace, claim.job, claim.slot_us)] = decision.run
+                if claim.trigger in PROGRESS_TRIGGERS:
+                    _raise_high_water(state, namespace, claim.job, claim.slot_us, now)
+                claimed.append(decision.run)
+            return claimed
+
+        result: list[RunRecord] = yield _step(step)
+        return result
+
+    def run_extend(
+        self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int
+    ) -> Operation[RunRecord | None]:
+        def step(state: _State, now: int) -> RunRecord | None:
+            lease_key = (namespace, job_lease_name(job))
+            run, lease = decide_extend(
+                run=state.runs.get((namespace, job, slot_us)),
+                lease=state.leases.get(lease_key),
+                fence=fence,
+                ttl_us=ttl_us,
+                now=now,
+            )
+            if run is not None:
+                state.runs[(namespace, job, slot_us)] = run
+            if lease is not None:
+                state.leases[lease_key] = lease
+            return run
+
+        result: RunRecord | None = yield _step(step)
+        return result
+
+    def run_finish(
+        self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
+    ) -> Operation[bool]:
+        def step(state: _State, now: int) -> bool:
+            lease_key = (namespace, job_lease_name(job))
+            run, lease, job_row = decide_finish(
+                run=state.runs.get((namespace, job, slot_us)),
+                lease=state.leases.get(lease_key),
+                job=state.jobs.get((namespace, job)),
+                fence=fence,
+                outcome=outcome,
+                now=now,
+            )
+            if run is None:
+                return False
+            state.runs[(namespace, job, slot_us)] = run
+            if lease is not None:
+                state.leases[lease_key] = lease
+            if job_row is not None:
+                state.jobs[(namespace, job)] = job_row
+            return True
+
+        result: bool = yield _step(step)
+        return result
+
+    def run_record(
+        self,
+        namespace: str,
+        job: str,
+        slot_us: int,
+        state: str,
+        error: str | None,
+        trigger: str,
+    ) -> Operation[bool]:
+        final_state = state
+
+        def step(store: _State, now: int) -> bool:
+            key = (namespace, job, slot_us)
+            if key in store.runs:
+                return False
+            store.runs[key] = RunRecord(
+                namespace=namespace,
+                job=job,
+                slot_us=slot_us,
+                state=final_state,
+                attempt=0,
+                fence=0,
+                holder="",
+                run_id="",
+                trigger=trigger,
+                started_us=None,
+                finished_us=now,
+                expires_us=None,
+                retry_at_us=None,
+                cancel_requested=False,
+                exit_code=None,
+                error=error,
+                output=None,
+                now_us=now,
+            )
+            if final_state != "queued":  # a manual run is not schedule progress
+                _raise_high_water(store, namespace, job, slot_us, now)
+            return True
+
+        result: bool = yield _step(step)
+        return result
+
+    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
+        def step(state: _State, now: int) -> int:
+            asked = 0
+            for key, run in state.runs.items():
+                if key[:2] == (namespace, job) and run.state == "running":
+                    if run.expires_us is not None and run.expires_us > now:
+                        state.runs[key] = replace(run, cancel_requested=True)
+                        asked += 1
+            return asked
+
+        result: int = yield _step(step)
+        return result
+
+    def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
+        def step(state: _State, now: int) -> RunRecord | None:
+            run = state.runs.get((namespace, job, slot_us))
+            return replace(run, now_us=now) if run is not None else None
+
+        result: RunRecord | None = yield _step(step)
+        return result
+
+    def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
+        def step(state: _State, now: int) -> list[RunRecord]:
+            rows = [
+                replace(run, now_us=now)
+                for (ns, name, _), run in state.runs.items()
+                if ns == namespace and (job is None or name == job)
+            ]
+            rows.sort(key=lambda run: (-run.slot_us, run.job))
+            return rows[:limit]
+
+        result: list[RunRecord] = yield _step(step)
+        return result
+
+    def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
+        def step(state: _State, now: int) -> int:
+            by_job: dict[str, list[RunRecord]] = {}
+            for (ns, name, _), run in state.runs.items():
+                if ns == namespace and run.state in FINAL_STATES:
+                    by_job.setdefault(name, []).append(run)
+            doomed = []
+            for runs in by_job.values():
+                runs.sort(key=lambda run: -run.slot_us)
+                for index, run in enumerate(runs):
+                    old = run.finished_us is not None and run.finished_us < now - older_than_us
+                    if index >= keep or old:
+                        doomed.append((namespace, run.job, run.slot_us))
+            for key in doomed:
+                del state.runs[key]
+            return len(doomed)
+
+        result: int = yield _step(step)
+        return result
+
+    def job_register(
+        self, namespace: str, job: str, definition: str, fingerprint: str
+    ) -> Operation[JobRecord | None]:
+        def step(state: _State, now: int) -> JobRecord | None:
+            before = state.jobs.get((namespace, job))
+            base = before if before is not None else new_job(namespace, job, now)
+            state.jobs[(namespace, job)] = replace(
+                base, definition=definition, fingerprint=fingerprint, updated_us=now, now_us=now
+            )
+            return before
+
+        result: JobRecord | None = yield _step(step)
+        return result
+
+    def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
+        def step(state: _State, now: int) -> bool:
+            before = state.jobs.get((namespace, job))
+            if before is None:
+                return False
+            state.jobs[(namespace, job)] = replace(before, paused=paused, updated_us=now)
+            return True
+
+        result: bool = yield _step(step)
+        return result
+
+    def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
+        def step(state: _State, now: int) -> JobRecord | None:
+            row = state.jobs.get((namespace, job))
+            return replace(row, now_us=now) if row is not None else None
+
+        result: JobRecord | None = yield _step(step)
+        return result
+
+    def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
+        def step(state: _State, now: int) -> list[JobRecord]:
+            rows = [replace(j, now_us=now) for (ns, _), j in state.jobs.items() if ns == namespace]
+            return sorted(rows, key=lambda row: row.job)
+
+        result: list[JobRecord] = yield _step(step)
+        return result
+
+
+class MemoryOperations(_MemoryLeases, _MemoryLedger):
+    """Every operation of the in-memory store."""
+
+
+def _raise_high_water(state: _State, namespace: str, job: str, slot_us: int, now: int) -> None:
+    row = state.jobs.get((namespace, job)) or new_job(namespace, job, now)
+    if row.high_water_us is None or slot_us > row.high_water_us:
+        row = replace(row, high_water_us=slot_us)
+    state.jobs[(namespace, job)] = row
 
 
 class MemoryStore:

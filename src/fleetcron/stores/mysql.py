@@ -7,7 +7,7 @@ and ``CLIENT_FOUND_ROWS`` so an UPDATE reports the rows it matched.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pymysql
@@ -21,11 +21,11 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, SqlResult
-from fleetcron.stores.sqlops import SqlOperations
+from fleetcron.stores.sqlops import SqlLedger, SqlOperations
 from fleetcron.stores.sqlstore import SqlSyncStore, store_error
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["MysqlStore", "connect_args"]
+__all__ = ["MysqlOperations", "MysqlStore", "batch_text", "connect_args", "split_results"]
 
 _UNAVAILABLE_CODES = {2002, 2003, 2005, 2006, 2013, 2055, 1040, 1053}
 _NO_TABLE = 1146
@@ -74,6 +74,30 @@ def translate(exc: BaseException) -> FleetcronError | None:
     return store_error(StoreError, exc)
 
 
+class MysqlOperations(SqlOperations, SqlLedger):
+    """Lease and run-ledger operations of MySQL/MariaDB (``lease_acquire`` needs
+    ``lease_create`` for a name's first use)."""
+
+    def __init__(self) -> None:
+        super().__init__(creates_rows=True)
+
+
+def batch_text(cur: Any, sql: str, batch: Sequence[Mapping[str, object]]) -> str:
+    """One text running ``sql`` once per parameter set, each bound with the driver's
+    escaping (``mogrify``): sent as one multi-statement round trip. Every statement of a
+    batch happens at one store time, ``@fc_batch_t`` (set first, cleared last; a batch
+    stopped by an error leaves it set, but every batch sets it again before use)."""
+    parts = [cur.mogrify(sql, dict(params)) for params in batch]
+    return ";\n".join(["SET @fc_batch_t = UTC_TIMESTAMP(6)", *parts, "SET @fc_batch_t = NULL"])
+
+
+def split_results(results: list[SqlResult], expected: int) -> list[SqlResult]:
+    """Check that a batch gave one result set per parameter set."""
+    if len(results) != expected:
+        raise StoreError(f"a batch of {expected} statements returned {len(results)} result sets")
+    return results
+
+
 class MysqlStore(SqlSyncStore):
     """Sync MySQL/MariaDB store."""
 
@@ -83,7 +107,7 @@ class MysqlStore(SqlSyncStore):
     def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
         self._args = connect_args(url)
         super().__init__(url, auto_migrate=auto_migrate)
-        self.ops = SqlOperations(creates_rows=True)
+        self.ops = MysqlOperations()
 
     def _connect(self) -> Any:
         return pymysql.connect(**self._args)
@@ -109,6 +133,31 @@ class MysqlStore(SqlSyncStore):
                 pass
             raise
         return SqlResult(rows=rows, rowcount=rowcount)
+
+    def _execute_batch(
+        self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
+    ) -> list[SqlResult]:
+        # Every result set that has columns, in order: each block returns exactly one.
+        results: list[SqlResult] = []
+        rowcount = 0
+        try:
+            with conn.cursor() as cur:
+                cur.execute(batch_text(cur, sql, batch))
+                while True:
+                    if cur.description is not None:
+                        results.append(SqlResult(rows=list(cur.fetchall()), rowcount=rowcount))
+                    else:
+                        rowcount = cur.rowcount
+                    if not cur.nextset():
+                        break
+        except pymysql.err.MySQLError:
+            # A block stopped by an error leaves its transaction open: never commit it later.
+            try:
+                conn.rollback()
+            except pymysql.err.MySQLError:
+                pass
+            raise
+        return split_results(results, len(batch))
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:
         return translate(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import aiomysql
@@ -10,8 +11,15 @@ import pymysql
 
 from fleetcron.errors import SchemaError, StoreUnavailable
 from fleetcron.stores.base import Capability, Operation, SqlResult, Statement, drive_async
-from fleetcron.stores.mysql import MysqlStore, connect_args, translate
-from fleetcron.stores.sqlops import SqlOperations, load_migrations, load_queries
+from fleetcron.stores.mysql import (
+    MysqlOperations,
+    MysqlStore,
+    batch_text,
+    connect_args,
+    split_results,
+    translate,
+)
+from fleetcron.stores.sqlops import load_migrations, load_queries
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncMysqlStore"]
@@ -30,11 +38,12 @@ class AsyncMysqlStore:
         args = connect_args(url)
         args["db"] = args.pop("database")
         self._args = args
-        self.ops = SqlOperations(creates_rows=True)
+        self.ops = MysqlOperations()
         self.queries = load_queries("mysql")
         self._latest = max(m.version for m in load_migrations("mysql"))
         self._lock = asyncio.Lock()
         self._conn: Any = None
+        self._rowcount = 0
 
     async def open(self) -> None:
         """Connect and bring the schema up to date."""
@@ -69,15 +78,31 @@ class AsyncMysqlStore:
         return self._conn
 
     async def _execute_text(self, sql: str, params: dict[str, object]) -> SqlResult:
+        results = await self._results(sql, params)
+        return results[-1] if results else SqlResult(rows=[], rowcount=self._rowcount)
+
+    async def _execute_batch(
+        self, sql: str, batch: Sequence[Mapping[str, object]]
+    ) -> list[SqlResult]:
         conn = await self._connection()
-        rows: list[tuple[Any, ...]] = []
+        async with conn.cursor() as cur:
+            text = batch_text(cur, sql, batch)
+        return split_results(await self._results(text, {}), len(batch))
+
+    async def _results(self, sql: str, params: dict[str, object]) -> list[SqlResult]:
+        """Run one text; every result set that has columns (with the rowcount of the last
+        DML before it), in order. ``_rowcount``: the last DML's."""
+        conn = await self._connection()
+        results: list[SqlResult] = []
         rowcount = 0
         try:
             async with conn.cursor() as cur:
                 await cur.execute(sql, params or None)
                 while True:
                     if cur.description is not None:
-                        rows = list(await cur.fetchall())
+                        results.append(
+                            SqlResult(rows=list(await cur.fetchall()), rowcount=rowcount)
+                        )
                     else:
                         rowcount = cur.rowcount
                     if not await cur.nextset():
@@ -88,11 +113,21 @@ class AsyncMysqlStore:
             if isinstance(error, StoreUnavailable):
                 conn.close()
                 self._conn = None
+            else:
+                # A block stopped by an error leaves its transaction open: roll it back.
+                try:
+                    await conn.rollback()
+                except pymysql.err.MySQLError:
+                    pass
             raise error from exc
-        return SqlResult(rows=rows, rowcount=rowcount)
+        self._rowcount = rowcount
+        return results
 
-    async def _statement(self, statement: Statement) -> SqlResult:
-        return await self._execute_text(self.queries[statement.name], dict(statement.params))
+    async def _statement(self, statement: Statement) -> SqlResult | list[SqlResult]:
+        sql = self.queries[statement.name]
+        if statement.batch is not None:
+            return await self._execute_batch(sql, statement.batch)
+        return await self._execute_text(sql, dict(statement.params))
 
     async def run(self, operation: Operation[T]) -> T:
         async with self._lock:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -11,11 +11,11 @@ from psycopg import errors as pg_errors
 
 from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
 from fleetcron.stores.base import Capability, Operation, SqlResult, Statement, drive_async
-from fleetcron.stores.sqlops import SqlOperations, load_migrations, load_queries
+from fleetcron.stores.sqlops import SqlLedger, SqlOperations, load_migrations, load_queries
 from fleetcron.stores.sqlstore import SqlSyncStore, store_error
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["AsyncPostgresStore", "PostgresStore"]
+__all__ = ["AsyncPostgresStore", "PostgresOperations", "PostgresStore"]
 
 T = TypeVar("T")
 
@@ -57,6 +57,38 @@ def _result(cur: Any) -> SqlResult:
     return SqlResult(rows=rows, rowcount=cur.rowcount)
 
 
+# A batch runs in one pipeline: one round trip. Without a Sync the server would run the
+# whole pipeline as one implicit transaction (every claimed job's rows locked until the
+# end, and deadlocks between replicas claiming in different orders); a COMMIT queued after
+# each execution makes each one its own transaction without waiting for it (a Sync would).
+_COMMIT = "COMMIT"
+# Every statement of a batch happens at one store time: the batch's first execution reads
+# the clock into this setting (fleetcron_run_claim uses it), the last one clears it.
+_BATCH_CLOCK = "SELECT set_config('fleetcron.batch_now', clock_timestamp()::text, false)"
+_BATCH_CLOCK_CLEAR = "SELECT set_config('fleetcron.batch_now', '', false)"
+
+
+class PostgresOperations(SqlOperations, SqlLedger):
+    """Lease and run-ledger operations of PostgreSQL."""
+
+
+def _clear_batch_clock(conn: Any) -> None:
+    """A batch stopped by an error never reached its last statement: forget its clock."""
+    try:
+        if not conn.closed:
+            conn.execute(_BATCH_CLOCK_CLEAR)
+    except psycopg.Error:
+        pass
+
+
+async def _clear_batch_clock_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    try:
+        if not conn.closed:
+            await conn.execute(_BATCH_CLOCK_CLEAR)
+    except psycopg.Error:
+        pass
+
+
 class PostgresStore(SqlSyncStore):
     """Sync PostgreSQL store."""
 
@@ -66,6 +98,7 @@ class PostgresStore(SqlSyncStore):
     def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
         self._cursor: Any = None
         super().__init__(url, auto_migrate=auto_migrate)
+        self.ops = PostgresOperations()
 
     def _connect(self) -> Any:
         return psycopg.connect(self._url.raw, **_connect_kwargs())
@@ -78,6 +111,25 @@ class PostgresStore(SqlSyncStore):
             cur = self._cursor = conn.cursor()
         cur.execute(sql, params)
         return _result(cur)
+
+    def _execute_batch(
+        self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
+    ) -> list[SqlResult]:
+        cursors = [conn.cursor() for _ in batch]
+        try:
+            with conn.cursor() as side, conn.pipeline():
+                side.execute(_BATCH_CLOCK)
+                for cur, params in zip(cursors, batch, strict=True):
+                    cur.execute(sql, params)
+                    side.execute(_COMMIT)
+                side.execute(_BATCH_CLOCK_CLEAR)
+            return [_result(cur) for cur in cursors]
+        except psycopg.Error:
+            _clear_batch_clock(conn)
+            raise
+        finally:
+            for cur in cursors:
+                cur.close()
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:
         return translate(exc)
@@ -112,7 +164,7 @@ class AsyncPostgresStore:
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
         self._url = url
-        self.ops = SqlOperations()
+        self.ops = PostgresOperations()
         self.queries = load_queries("postgres")
         self._latest = max(m.version for m in load_migrations("postgres"))
         self._lock = asyncio.Lock()
@@ -170,8 +222,41 @@ class AsyncPostgresStore:
                 self._conn = None
             raise error from exc
 
-    async def _statement(self, statement: Statement) -> SqlResult:
-        return await self._execute_text(self.queries[statement.name], dict(statement.params))
+    async def _execute_batch(
+        self, sql: str, batch: Sequence[Mapping[str, object]]
+    ) -> list[SqlResult]:
+        conn = await self._connection()
+        cursors = [conn.cursor() for _ in batch]
+        try:
+            async with conn.cursor() as side, conn.pipeline():
+                await side.execute(_BATCH_CLOCK)
+                for cur, params in zip(cursors, batch, strict=True):
+                    await cur.execute(sql, params)
+                    await side.execute(_COMMIT)
+                await side.execute(_BATCH_CLOCK_CLEAR)
+            results = []
+            for cur in cursors:
+                rows = await cur.fetchall() if cur.description is not None else []
+                results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
+            return results
+        except psycopg.Error as exc:
+            error = translate(exc)
+            assert error is not None
+            if isinstance(error, StoreUnavailable):
+                await conn.close()
+                self._conn = None
+            else:
+                await _clear_batch_clock_async(conn)
+            raise error from exc
+        finally:
+            for cur in cursors:
+                await cur.close()
+
+    async def _statement(self, statement: Statement) -> SqlResult | list[SqlResult]:
+        sql = self.queries[statement.name]
+        if statement.batch is not None:
+            return await self._execute_batch(sql, statement.batch)
+        return await self._execute_text(sql, dict(statement.params))
 
     async def run(self, operation: Operation[T]) -> T:
         async with self._lock:

@@ -5,13 +5,40 @@ decided inside the script by the server's ``TIME``. The fence is
 ``max(previous + 1, TIME in µs)``: it keeps increasing even after a restart that lost
 every key, as long as the server clock does not step back. Keys are hash-tagged
 ``fleetcron:{<len(ns)>:<ns>:<name>}`` so each operation touches one Cluster slot.
+
+The run ledger (docs/design/ledger.md) lives under the hash tag of the job's lease
+(``fleetcron:job:<job>``), so one claim — job lease, job row, run row, slot index — is one
+Cluster slot and one atomic script. With ``B = fleetcron:{<len(ns)>:<ns>:fleetcron:job:<job>}``:
+
+- ``B`` — the job lease (a lease hash like any other);
+- ``B:job`` — the job row: ``job``, ``paused`` (1/0), ``definition``, ``fingerprint``,
+  ``high_water``, ``last_success``, ``last_failure``, ``updated``;
+- ``B:run:<slot_us>`` — one run row: ``job``, ``slot``, ``state``, ``attempt``, ``fence``,
+  ``holder``, ``run_id``, ``trigger``, ``started``, ``finished``, ``expires``,
+  ``retry_at``, ``cancel`` (1/0), ``exit_code``, ``error``, ``output``;
+- ``B:slots`` — sorted set of the job's slots (member and score ``slot_us``), for listing
+  newest first, cancelling and pruning.
+
+NULL is an absent hash field. A lease key ends with ``}``; ledger keys never do, which is
+how ``lease_list``/``lease_prune`` tell them apart in a SCAN of the namespace. Jobs of a
+namespace are found by SCAN of ``…:fleetcron:job:*}:job`` (no per-namespace index: it
+would be another Cluster slot). The scripts of a whole job (``run_list``, ``run_cancel``,
+``run_prune``) are given the slot index as their key and reach the run rows named in it;
+those rows share its hash tag, so they are in the same slot.
+
+A batch of claims is one round trip (plus one ``SCRIPT LOAD`` after a script cache
+flush): a pipeline of ``EVALSHA`` calls of the claim script, each with its own keys and
+arguments. On one server the whole batch is one call — one ``TIME``, one atomic step, as
+the spec asks. ``RedisOperations(cluster=True)`` splits it into one call per job (each
+call's keys share one hash tag), all in the same pipeline; each call then has its own
+``TIME``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -19,11 +46,27 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript, Script
 
 from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
-from fleetcron.models import LeaseRecord
+from fleetcron.models import (
+    JobRecord,
+    LeaseRecord,
+    RunOutcome,
+    RunRecord,
+    SlotClaim,
+    job_lease_name,
+)
 from fleetcron.stores.base import Capability, Operation, Statement, drive, drive_async
+from fleetcron.stores.ledger import LOST_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["AsyncRedisStore", "RedisOperations", "RedisStore", "lease_key"]
+__all__ = [
+    "AsyncRedisStore",
+    "RedisOperations",
+    "RedisStore",
+    "job_key",
+    "lease_key",
+    "run_key",
+    "slots_key",
+]
 
 T = TypeVar("T")
 log = logging.getLogger("fleetcron")
@@ -105,12 +148,326 @@ return false
 """
 )
 
+_LEDGER = """
+local RUN_FIELDS = {'job', 'slot', 'state', 'attempt', 'fence', 'holder', 'run_id', 'trigger',
+                    'started', 'finished', 'expires', 'retry_at', 'cancel', 'exit_code',
+                    'error', 'output'}
+local JOB_FIELDS = {'job', 'paused', 'definition', 'fingerprint', 'high_water',
+                    'last_success', 'last_failure', 'updated'}
+-- a run row as {RUN_FIELDS..., now} (absent fields are nil replies), false when absent
+local function run_row(key)
+  local row = redis.call('HMGET', key, unpack(RUN_FIELDS))
+  if not row[3] then return false end
+  row[17] = s(now)
+  return row
+end
+-- a job row as {JOB_FIELDS..., now}, false when absent
+local function job_row(key)
+  local row = redis.call('HMGET', key, unpack(JOB_FIELDS))
+  if not row[1] then return false end
+  row[9] = s(now)
+  return row
+end
+-- an optional argument: '' is NULL, else '=' .. value
+local function opt(v)
+  if v == '' then return nil end
+  return string.sub(v, 2)
+end
+-- create the job row of a job nobody registered yet
+local function ensure_job(key, job)
+  if redis.call('HEXISTS', key, 'job') == 0 then
+    redis.call('HSET', key, 'job', job, 'paused', '0', 'definition', '{}', 'fingerprint', '',
+               'updated', s(now))
+  end
+end
+local function raise_high_water(key, slot)
+  local high = redis.call('HGET', key, 'high_water')
+  if not high or tonumber(high) < tonumber(slot) then
+    redis.call('HSET', key, 'high_water', slot)
+  end
+end
+-- the run row of a slot listed in the slot index KEYS[1] (same hash tag)
+local function run_key_of(slot)
+  return string.sub(KEYS[1], 1, -7) .. ':run:' .. slot
+end
+"""
+
+RUN_CLAIM = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS: 4 per claim: job lease, job row, run row, slot index
+-- ARGV: holder, ttl_us, namespace, lost error, then 8 per claim: slot_us, run_id,
+--       exclusive (1/0), max_attempts, trigger, least_us, job, lease name
+-- returns one reply per claim, in order: false when not claimed, else the claimed run row
+-- (see run_row). Every claim is decided at the same TIME, in order, each one seeing the
+-- writes of those before it.
+local holder, ttl, namespace, lost_error = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, exclusive,
+                     max_attempts, trigger, least, job, lease_name)
+  local slot = tonumber(slot_arg)
+  if slot > now then return false end
+  if trigger == 'schedule' and redis.call('HGET', job_key, 'paused') == '1' then
+    return false
+  end
+  local attempt, note = 1, nil
+  local run = redis.call('HMGET', run_key, 'state', 'attempt', 'expires', 'retry_at')
+  if run[1] then
+    local tried, most = tonumber(run[2]), tonumber(max_attempts)
+    if run[1] == 'running' and run[3] and tonumber(run[3]) <= now then
+      if tried >= most then
+        redis.call('HSET', run_key, 'state', 'lost', 'finished', s(now), 'error', lost_error)
+        redis.call('HDEL', run_key, 'expires')
+        return false
+      end
+      attempt, note = tried + 1, 'attempt ' .. run[2] .. ' lost: ' .. lost_error
+    elseif run[1] == 'queued' then
+      attempt = 1
+    elseif run[1] == 'failed' and run[4] and tonumber(run[4]) <= now and tried < most then
+      attempt = tried + 1
+    else
+      return false
+    end
+  end
+  local lease = redis.call('HMGET', lease_key, 'expires', 'fence')
+  if exclusive == '1' and lease[1] and tonumber(lease[1]) > now then return false end
+  local fence = now
+  if lease[2] and tonumber(lease[2]) + 1 > fence then fence = tonumber(lease[2]) + 1 end
+  if exclusive == '1' then
+    redis.call('HSET', lease_key, 'holder', holder, 'fence', s(fence), 'acquired', s(now),
+               'expires', s(now + ttl), 'min_until', s(now + tonumber(least)))
+  elseif lease[2] then
+    redis.call('HSET', lease_key, 'fence', s(fence))
+  else
+    redis.call('HSET', lease_key, 'holder', '', 'fence', s(fence), 'acquired', '0',
+               'expires', '0', 'min_until', '0')
+  end
+  if not lease[2] then redis.call('HSET', lease_key, 'ns', namespace, 'name', lease_name) end
+  redis.call('DEL', run_key)
+  redis.call('HSET', run_key, 'job', job, 'slot', slot_arg, 'state', 'running',
+             'attempt', s(attempt), 'fence', s(fence), 'holder', holder, 'run_id', run_id,
+             'trigger', trigger, 'started', s(now), 'expires', s(now + ttl), 'cancel', '0')
+  if note then redis.call('HSET', run_key, 'error', note) end
+  redis.call('ZADD', slots_key, slot_arg, slot_arg)
+  ensure_job(job_key, job)
+  if trigger == 'schedule' or trigger == 'exec' then raise_high_water(job_key, slot_arg) end
+  return run_row(run_key)
+end
+local replies = {}
+for i = 1, #KEYS / 4 do
+  local k, a = (i - 1) * 4, 4 + (i - 1) * 8
+  replies[i] = claim(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+                     ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
+                     ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+end
+return replies
+"""
+)
+
+RUN_EXTEND = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] job lease, KEYS[2] run row; ARGV: fence, ttl_us
+-- returns false unless the attempt is running, holds the fence and is unexpired,
+-- else the renewed run row (its cancel field tells the holder to stop)
+local run = redis.call('HMGET', KEYS[2], 'state', 'fence', 'expires')
+if run[1] ~= 'running' or run[2] ~= ARGV[1] or not run[3] or tonumber(run[3]) <= now then
+  return false
+end
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', KEYS[2], 'expires', s(now + ttl))
+local lease = redis.call('HMGET', KEYS[1], 'fence', 'expires', 'min_until')
+if lease[1] == ARGV[1] and tonumber(lease[2]) > now then
+  redis.call('HSET', KEYS[1], 'expires', s(math.max(now + ttl, tonumber(lease[3]))))
+end
+return run_row(KEYS[2])
+"""
+)
+
+RUN_FINISH = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] job lease, KEYS[2] job row, KEYS[3] run row
+-- ARGV: fence, state, exit_code?, error?, output?, retry_after_us?, job  (? = optional)
+-- returns 1 when recorded, 0 when the attempt is no longer ours (nothing changes)
+local run = redis.call('HMGET', KEYS[3], 'state', 'fence', 'expires')
+if run[1] ~= 'running' or run[2] ~= ARGV[1] or not run[3] or tonumber(run[3]) <= now then
+  return 0
+end
+redis.call('HDEL', KEYS[3], 'expires', 'retry_at', 'exit_code', 'error', 'output')
+redis.call('HSET', KEYS[3], 'state', ARGV[2], 'finished', s(now))
+local exit_code, err, output, retry = opt(ARGV[3]), opt(ARGV[4]), opt(ARGV[5]), opt(ARGV[6])
+if exit_code then redis.call('HSET', KEYS[3], 'exit_code', exit_code) end
+if err then redis.call('HSET', KEYS[3], 'error', err) end
+if output then redis.call('HSET', KEYS[3], 'output', output) end
+if ARGV[2] == 'failed' and retry then
+  redis.call('HSET', KEYS[3], 'retry_at', s(now + tonumber(retry)))
+end
+local lease = redis.call('HMGET', KEYS[1], 'fence', 'min_until')
+if lease[1] == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'expires', s(math.max(now, tonumber(lease[2]))))
+end
+ensure_job(KEYS[2], ARGV[7])
+if ARGV[2] == 'succeeded' then
+  redis.call('HSET', KEYS[2], 'last_success', s(now))
+elseif ARGV[2] == 'failed' or ARGV[2] == 'lost' then
+  redis.call('HSET', KEYS[2], 'last_failure', s(now))
+end
+return 1
+"""
+)
+
+RUN_RECORD = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] job row, KEYS[2] run row, KEYS[3] slot index
+-- ARGV: slot_us, state, error?, trigger, job
+-- returns 1 when the final row was inserted, 0 when the slot has a row (never overwritten)
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], 'job', ARGV[5], 'slot', ARGV[1], 'state', ARGV[2],
+           'attempt', '0', 'fence', '0', 'holder', '', 'run_id', '', 'trigger', ARGV[4],
+           'finished', s(now), 'cancel', '0')
+local err = opt(ARGV[3])
+if err then redis.call('HSET', KEYS[2], 'error', err) end
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+ensure_job(KEYS[1], ARGV[5])
+if ARGV[2] ~= 'queued' then raise_high_water(KEYS[1], ARGV[1]) end
+return 1
+"""
+)
+
+RUN_CANCEL = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] slot index; no ARGV
+-- sets cancel on the job's unexpired running rows; returns how many
+local asked = 0
+for _, slot in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local key = run_key_of(slot)
+  local run = redis.call('HMGET', key, 'state', 'expires')
+  if run[1] == 'running' and run[2] and tonumber(run[2]) > now then
+    redis.call('HSET', key, 'cancel', '1')
+    asked = asked + 1
+  end
+end
+return asked
+"""
+)
+
+RUN_GET = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] run row; returns the run row or false
+return run_row(KEYS[1])
+"""
+)
+
+RUN_LIST = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] slot index; ARGV: limit (> 0)
+-- returns up to limit run rows of the job, newest slot first
+local rows = {}
+for _, slot in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)) do
+  local row = run_row(run_key_of(slot))
+  if row then rows[#rows + 1] = row end
+end
+return rows
+"""
+)
+
+RUN_PRUNE = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] slot index; ARGV: keep, older_than_us
+-- deletes the job's final rows beyond the newest keep or finished before now - older_than;
+-- never a running row; returns how many were deleted
+local keep, limit = tonumber(ARGV[1]), now - tonumber(ARGV[2])
+local index, deleted = 0, 0
+for _, slot in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, -1)) do
+  local key = run_key_of(slot)
+  local run = redis.call('HMGET', key, 'state', 'finished')
+  if not run[1] then
+    redis.call('ZREM', KEYS[1], slot)
+  elseif run[1] ~= 'running' and run[1] ~= 'queued' then
+    if index >= keep or (run[2] and tonumber(run[2]) < limit) then
+      redis.call('DEL', key)
+      redis.call('ZREM', KEYS[1], slot)
+      deleted = deleted + 1
+    end
+    index = index + 1
+  end
+end
+return deleted
+"""
+)
+
+JOB_REGISTER = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] job row; ARGV: job, definition, fingerprint
+-- upserts the definition (paused and progress kept); returns the row before, or false
+local before = job_row(KEYS[1])
+ensure_job(KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], 'definition', ARGV[2], 'fingerprint', ARGV[3], 'updated', s(now))
+return before
+"""
+)
+
+JOB_SET_PAUSED = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] job row; ARGV: paused (1/0); returns 0 when the job is unknown, else 1
+if redis.call('HEXISTS', KEYS[1], 'job') == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'paused', ARGV[1], 'updated', s(now))
+return 1
+"""
+)
+
+JOB_GET = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] job row; returns the job row or false
+return job_row(KEYS[1])
+"""
+)
+
+STORE_NOW = (
+    _NOW
+    + """
+-- no KEYS, no ARGV; returns the server's TIME in µs as a decimal string
+return s(now)
+"""
+)
+
 SCRIPTS = {
     "lease_acquire": LEASE_ACQUIRE,
     "lease_extend": LEASE_EXTEND,
     "lease_release": LEASE_RELEASE,
     "lease_get": LEASE_GET,
     "lease_prune": LEASE_PRUNE,
+    "run_claim": RUN_CLAIM,
+    "run_extend": RUN_EXTEND,
+    "run_finish": RUN_FINISH,
+    "run_record": RUN_RECORD,
+    "run_cancel": RUN_CANCEL,
+    "run_get": RUN_GET,
+    "run_list": RUN_LIST,
+    "run_prune": RUN_PRUNE,
+    "job_register": JOB_REGISTER,
+    "job_set_paused": JOB_SET_PAUSED,
+    "job_get": JOB_GET,
+    "store_now": STORE_NOW,
 }
 
 
@@ -125,6 +482,41 @@ def lease_key(namespace: str, name: str) -> str:
 
 def _namespace_pattern(namespace: str) -> str:
     return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:*"
+
+
+def _job_base(namespace: str, job: str) -> str:
+    return lease_key(namespace, job_lease_name(job))
+
+
+def job_key(namespace: str, job: str) -> str:
+    """The job row: under the hash tag of the job's lease."""
+    return _job_base(namespace, job) + ":job"
+
+
+def run_key(namespace: str, job: str, slot_us: int) -> str:
+    """The run row of one slot: under the hash tag of the job's lease."""
+    return f"{_job_base(namespace, job)}:run:{slot_us}"
+
+
+def slots_key(namespace: str, job: str) -> str:
+    """The sorted set of a job's slots (score = slot_us): under the job lease's hash tag."""
+    return _job_base(namespace, job) + ":slots"
+
+
+def _jobs_pattern(namespace: str) -> str:
+    """SCAN pattern of every job row of ``namespace`` (never a lease key: those end with
+    ``}``; never a run row or slot index: their suffix differs)."""
+    prefix = _glob_escape(job_lease_name(""))
+    return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:{prefix}*}}:job"
+
+
+def _slots_of(job_row_key: str) -> str:
+    return job_row_key.removesuffix(":job") + ":slots"
+
+
+def _is_lease_key(key: str) -> bool:
+    """Lease keys end with the closing brace of their hash tag; ledger keys never do."""
+    return key.endswith("}")
 
 
 def _text(value: Any) -> str:
@@ -152,7 +544,60 @@ def _from_get(namespace: str, reply: Any) -> LeaseRecord | None:
     return _record(namespace, name, holder, reply[1:6])
 
 
-class RedisOperations:
+def _int(value: Any) -> int | None:
+    return None if value is None else int(_text(value))
+
+
+def _opt(value: object) -> str:
+    """An optional script argument: ``''`` is NULL, anything else is ``'=' + value``."""
+    return "" if value is None else f"={value}"
+
+
+def _run(namespace: str, reply: Any) -> RunRecord:
+    """Map a ``run_row`` reply: ``job, slot, state, attempt, fence, holder, run_id, trigger,
+    started, finished, expires, retry_at, cancel, exit_code, error, output, now``."""
+    row = list(reply)
+    return RunRecord(
+        namespace=namespace,
+        job=_text(row[0]),
+        slot_us=int(_text(row[1])),
+        state=_text(row[2]),
+        attempt=int(_text(row[3])),
+        fence=int(_text(row[4])),
+        holder=_text(row[5]),
+        run_id=_text(row[6]),
+        trigger=_text(row[7]),
+        started_us=_int(row[8]),
+        finished_us=_int(row[9]),
+        expires_us=_int(row[10]),
+        retry_at_us=_int(row[11]),
+        cancel_requested=row[12] is not None and _text(row[12]) == "1",
+        exit_code=_int(row[13]),
+        error=None if row[14] is None else _text(row[14]),
+        output=None if row[15] is None else _text(row[15]),
+        now_us=int(_text(row[16])),
+    )
+
+
+def _job(namespace: str, reply: Any) -> JobRecord:
+    """Map a ``job_row`` reply: ``job, paused, definition, fingerprint, high_water,
+    last_success, last_failure, updated, now``."""
+    row = list(reply)
+    return JobRecord(
+        namespace=namespace,
+        job=_text(row[0]),
+        paused=row[1] is not None and _text(row[1]) == "1",
+        definition=_text(row[2]) if row[2] is not None else "{}",
+        fingerprint=_text(row[3]) if row[3] is not None else "",
+        high_water_us=_int(row[4]),
+        last_success_us=_int(row[5]),
+        last_failure_us=_int(row[6]),
+        updated_us=int(_text(row[7])),
+        now_us=int(_text(row[8])),
+    )
+
+
+class _RedisLeases:
     """Lease operations as script invocations."""
 
     def lease_acquire(
@@ -197,6 +642,7 @@ class RedisOperations:
 
     def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
         keys = yield Statement("scan", {"match": _namespace_pattern(namespace)})
+        keys = [key for key in keys if _is_lease_key(key)]
         replies = yield Statement("lease_get[]", {"argv": ()}, keys=tuple(keys))
         records = [r for r in (_from_get(namespace, reply) for reply in replies) if r]
         return sorted(records, key=lambda record: record.name)
@@ -205,10 +651,199 @@ class RedisOperations:
         self, namespace: str, older_than_us: int, dry_run: bool
     ) -> Operation[list[str]]:
         keys = yield Statement("scan", {"match": _namespace_pattern(namespace)})
+        keys = [key for key in keys if _is_lease_key(key)]
         replies = yield Statement(
             "lease_prune[]", {"argv": (older_than_us, 1 if dry_run else 0)}, keys=tuple(keys)
         )
         return sorted(_text(reply) for reply in replies if reply)
+
+
+class _RedisLedger:
+    """The run ledger as script invocations (docs/design/ledger.md).
+
+    A claim batch is one :class:`Statement` whose ``batch`` holds the keys and arguments
+    of each script call: the runner sends them in one pipeline. ``cluster``: split a batch
+    into one call per job, so that no call spans two hash slots.
+    """
+
+    cluster: bool = False
+
+    def store_now(self) -> Operation[int]:
+        reply = yield Statement("store_now", {"argv": ()})
+        return int(_text(reply))
+
+    def run_claim(
+        self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
+    ) -> Operation[list[RunRecord]]:
+        if not claims:
+            return []
+        groups = self._claim_groups(claims)
+        batch = tuple(
+            {
+                "keys": tuple(key for i in group for key in _claim_keys(namespace, claims[i])),
+                "argv": (
+                    holder,
+                    ttl_us,
+                    namespace,
+                    LOST_ERROR,
+                    *(arg for i in group for arg in _claim_args(claims[i])),
+                ),
+            }
+            for group in groups
+        )
+        replies = yield Statement("run_claim", batch=batch)
+        by_index: dict[int, Any] = {}
+        for group, reply in zip(groups, replies, strict=True):
+            by_index.update(zip(group, reply, strict=True))
+        return [_run(namespace, by_index[i]) for i in range(len(claims)) if by_index[i]]
+
+    def _claim_groups(self, claims: Sequence[SlotClaim]) -> list[list[int]]:
+        """The claims (by index) each script call decides: all of them on one server (one
+        TIME, one atomic step, as the spec asks); on a Cluster, one call per job (its keys
+        share the job lease's hash tag), all calls still in one pipeline."""
+        if not self.cluster:
+            return [list(range(len(claims)))]
+        groups: dict[str, list[int]] = {}
+        for index, claim in enumerate(claims):
+            groups.setdefault(claim.job, []).append(index)
+        return list(groups.values())
+
+    def run_extend(
+        self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int
+    ) -> Operation[RunRecord | None]:
+        reply = yield Statement(
+            "run_extend",
+            {"argv": (fence, ttl_us)},
+            keys=(lease_key(namespace, job_lease_name(job)), run_key(namespace, job, slot_us)),
+        )
+        return _run(namespace, reply) if reply else None
+
+    def run_finish(
+        self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
+    ) -> Operation[bool]:
+        output = outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output
+        reply = yield Statement(
+            "run_finish",
+            {
+                "argv": (
+                    fence,
+                    outcome.state,
+                    _opt(outcome.exit_code),
+                    _opt(outcome.error),
+                    _opt(output),
+                    _opt(outcome.retry_after_us),
+                    job,
+                )
+            },
+            keys=(
+                lease_key(namespace, job_lease_name(job)),
+                job_key(namespace, job),
+                run_key(namespace, job, slot_us),
+            ),
+        )
+        return bool(reply)
+
+    def run_record(
+        self, namespace: str, job: str, slot_us: int, state: str, error: str | None, trigger: str
+    ) -> Operation[bool]:
+        reply = yield Statement(
+            "run_record",
+            {"argv": (slot_us, state, _opt(error), trigger, job)},
+            keys=(
+                job_key(namespace, job),
+                run_key(namespace, job, slot_us),
+                slots_key(namespace, job),
+            ),
+        )
+        return bool(reply)
+
+    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
+        reply = yield Statement("run_cancel", {"argv": ()}, keys=(slots_key(namespace, job),))
+        return int(reply)
+
+    def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
+        reply = yield Statement("run_get", {"argv": ()}, keys=(run_key(namespace, job, slot_us),))
+        return _run(namespace, reply) if reply else None
+
+    def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
+        if limit <= 0:
+            return []
+        if job is not None:
+            reply = yield Statement(
+                "run_list", {"argv": (limit,)}, keys=(slots_key(namespace, job),)
+            )
+            return [_run(namespace, row) for row in reply]
+        keys = yield Statement("scan", {"match": _jobs_pattern(namespace)})
+        replies = yield Statement(
+            "run_list[]", {"argv": (limit,)}, keys=tuple(_slots_of(key) for key in keys)
+        )
+        rows = [_run(namespace, row) for reply in replies for row in reply]
+        rows.sort(key=lambda run: (-run.slot_us, run.job))
+        return rows[:limit]
+
+    def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
+        keys = yield Statement("scan", {"match": _jobs_pattern(namespace)})
+        replies = yield Statement(
+            "run_prune[]",
+            {"argv": (max(keep, 0), older_than_us)},
+            keys=tuple(_slots_of(key) for key in keys),
+        )
+        return sum(int(reply) for reply in replies)
+
+    def job_register(
+        self, namespace: str, job: str, definition: str, fingerprint: str
+    ) -> Operation[JobRecord | None]:
+        reply = yield Statement(
+            "job_register",
+            {"argv": (job, definition, fingerprint)},
+            keys=(job_key(namespace, job),),
+        )
+        return _job(namespace, reply) if reply else None
+
+    def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
+        reply = yield Statement(
+            "job_set_paused", {"argv": (1 if paused else 0,)}, keys=(job_key(namespace, job),)
+        )
+        return bool(reply)
+
+    def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
+        reply = yield Statement("job_get", {"argv": ()}, keys=(job_key(namespace, job),))
+        return _job(namespace, reply) if reply else None
+
+    def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
+        keys = yield Statement("scan", {"match": _jobs_pattern(namespace)})
+        replies = yield Statement("job_get[]", {"argv": ()}, keys=tuple(keys))
+        jobs = [_job(namespace, reply) for reply in replies if reply]
+        return sorted(jobs, key=lambda row: row.job)
+
+
+class RedisOperations(_RedisLeases, _RedisLedger):
+    """Every operation of the Redis store: leases and the run ledger."""
+
+    def __init__(self, *, cluster: bool = False) -> None:
+        self.cluster = cluster
+
+
+def _claim_keys(namespace: str, claim: SlotClaim) -> tuple[str, str, str, str]:
+    return (
+        lease_key(namespace, job_lease_name(claim.job)),
+        job_key(namespace, claim.job),
+        run_key(namespace, claim.job, claim.slot_us),
+        slots_key(namespace, claim.job),
+    )
+
+
+def _claim_args(claim: SlotClaim) -> tuple[object, ...]:
+    return (
+        claim.slot_us,
+        claim.run_id,
+        1 if claim.exclusive else 0,
+        claim.max_attempts,
+        claim.trigger,
+        claim.least_us,
+        claim.job,
+        job_lease_name(claim.job),
+    )
 
 
 def translate(exc: BaseException) -> FleetcronError | None:
@@ -224,6 +859,46 @@ def translate(exc: BaseException) -> FleetcronError | None:
     if isinstance(exc, redis.exceptions.RedisError):
         return StoreError(f"Redis error: {exc}")
     return None
+
+
+Call = tuple[list[Any], list[Any]]
+
+
+def _pipelined_calls(statement: Statement) -> list[Call] | None:
+    """The script calls of a pipelined statement (``None``: a single call).
+
+    ``batch`` set: one call per entry with its own ``keys`` and ``argv``. A name ending in
+    ``[]``: one call per key, all with the same ``argv``.
+    """
+    if statement.batch is not None:
+        return [(_seq(call["keys"]), _seq(call["argv"])) for call in statement.batch]
+    if statement.name.endswith("[]"):
+        argv = _seq(statement.params.get("argv", ()))
+        return [([key], argv) for key in statement.keys]
+    return None
+
+
+def _seq(value: object) -> list[Any]:
+    assert isinstance(value, tuple | list), value
+    return list(value)
+
+
+def _collect(pending: list[int], replies: list[Any], results: list[Any]) -> list[int]:
+    """Store each reply of a pipeline in ``results``; return the calls the server did not
+    run because it did not know the script (``NOSCRIPT``), to run again after loading it.
+    Any other error is raised."""
+    missing = []
+    for index, reply in zip(pending, replies, strict=True):
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            missing.append(index)
+        elif isinstance(reply, Exception):
+            raise reply
+        else:
+            results[index] = reply
+    return missing
+
+
+_SCRIPT_LOAD_TRIES = 3
 
 
 def _client_kwargs() -> dict[str, Any]:
@@ -281,14 +956,31 @@ class RedisStore:
     def _execute(self, statement: Statement) -> Any:
         if statement.name == "scan":
             return [_text(k) for k in self._client.scan_iter(match=str(statement.params["match"]))]
-        argv = list(statement.params.get("argv", ()))  # type: ignore[call-overload]
-        if statement.name.endswith("[]"):
-            script = self._scripts[statement.name[:-2]]
-            pipe = self._client.pipeline(transaction=False)
-            for key in statement.keys:
-                script(keys=[key], args=argv, client=pipe)
-            return pipe.execute() if statement.keys else []
+        calls = _pipelined_calls(statement)
+        if calls is not None:
+            return self._pipeline(self._scripts[statement.name.removesuffix("[]")], calls)
+        argv = _seq(statement.params.get("argv", ()))
         return self._scripts[statement.name](keys=list(statement.keys), args=argv)
+
+    def _pipeline(self, script: Script, calls: list[Call]) -> list[Any]:
+        """Run every call of ``script`` in one pipeline: one round trip (``EVALSHA``; the
+        script is loaded and the refused calls re-sent only after a script cache flush)."""
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(_SCRIPT_LOAD_TRIES):
+            if not pending:
+                break
+            with self._client.pipeline(transaction=False) as pipe:
+                for index in pending:
+                    keys, argv = calls[index]
+                    pipe.evalsha(script.sha, len(keys), *keys, *argv)
+                replies = pipe.execute(raise_on_error=False)
+            pending = _collect(pending, replies, results)
+            if pending:
+                script.sha = self._client.script_load(script.script)
+        if pending:
+            raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
+        return results
 
     def _guarded(self, statement: Statement) -> Any:
         try:
@@ -336,17 +1028,35 @@ class AsyncRedisStore:
             if statement.name == "scan":
                 match = str(statement.params["match"])
                 return [_text(k) async for k in self._client.scan_iter(match=match)]
-            argv = list(statement.params.get("argv", ()))  # type: ignore[call-overload]
-            if statement.name.endswith("[]"):
-                script = self._scripts[statement.name[:-2]]
-                return list(
-                    await asyncio.gather(*(script(keys=[k], args=argv) for k in statement.keys))
-                )
+            calls = _pipelined_calls(statement)
+            if calls is not None:
+                name = statement.name.removesuffix("[]")
+                return await self._pipeline(self._scripts[name], calls)
+            argv = _seq(statement.params.get("argv", ()))
             return await self._scripts[statement.name](keys=list(statement.keys), args=argv)
         except redis.exceptions.RedisError as exc:
             error = translate(exc)
             assert error is not None
             raise error from exc
+
+    async def _pipeline(self, script: AsyncScript, calls: list[Call]) -> list[Any]:
+        """Async twin of :meth:`RedisStore._pipeline`."""
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(_SCRIPT_LOAD_TRIES):
+            if not pending:
+                break
+            async with self._client.pipeline(transaction=False) as pipe:
+                for index in pending:
+                    keys, argv = calls[index]
+                    pipe.evalsha(script.sha, len(keys), *keys, *argv)
+                replies = await pipe.execute(raise_on_error=False)
+            pending = _collect(pending, replies, results)
+            if pending:
+                script.sha = await self._client.script_load(script.script)
+        if pending:
+            raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
+        return results
 
     async def run(self, operation: Operation[T]) -> T:
         return await drive_async(operation, self._execute)

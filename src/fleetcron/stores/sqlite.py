@@ -10,7 +10,7 @@ import os
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fleetcron.errors import (
     ConfigurationError,
@@ -19,11 +19,14 @@ from fleetcron.errors import (
     StoreError,
     StoreUnavailable,
 )
-from fleetcron.stores.base import Capability, SqlResult
+from fleetcron.stores.base import Capability, Operation, SqlResult, drive
+from fleetcron.stores.sqlite_ops import SqliteOperations
 from fleetcron.stores.sqlstore import SqlSyncStore, store_error
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["NETWORK_FILESYSTEMS", "SqliteStore", "check_sqlite_path", "filesystem_type"]
+
+T = TypeVar("T")
 
 NETWORK_FILESYSTEMS = frozenset(
     {
@@ -121,7 +124,9 @@ class SqliteStore(SqlSyncStore):
     ) -> None:
         assert url.path is not None
         self.path = check_sqlite_path(url.path, create_parent=create_parent)
+        self._in_operation = False
         super().__init__(url, auto_migrate=auto_migrate)
+        self.ops = SqliteOperations()
 
     def _connect(self) -> Any:
         conn = sqlite3.connect(
@@ -141,6 +146,10 @@ class SqliteStore(SqlSyncStore):
         return conn
 
     def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
+        if self._in_operation:
+            cur = conn.execute(sql, params)
+            rows = cur.fetchall() if cur.description is not None else []
+            return SqlResult(rows=rows, rowcount=cur.rowcount)
         # BEGIN IMMEDIATE takes the write lock up front, so busy_timeout applies; a
         # DEFERRED read-then-write would fail at once with SQLITE_BUSY instead of waiting.
         conn.execute("BEGIN IMMEDIATE")
@@ -154,6 +163,29 @@ class SqliteStore(SqlSyncStore):
                 conn.execute("ROLLBACK")
             raise
         return SqlResult(rows=rows, rowcount=rowcount)
+
+    def run(self, operation: Operation[T]) -> T:
+        """Carry out ``operation`` in one ``BEGIN IMMEDIATE`` transaction: its statements
+        read and write rows atomically, whatever other processes do meanwhile."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                error = translate(exc)
+                assert error is not None
+                raise error from exc
+            self._in_operation = True
+            try:
+                result = drive(operation, self._statement)
+                conn.execute("COMMIT")
+            except BaseException:
+                if self._conn is conn and conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            finally:
+                self._in_operation = False
+            return result
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:
         return translate(exc)

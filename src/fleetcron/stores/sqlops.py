@@ -8,13 +8,37 @@ three dialects share one implementation of every operation.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-from fleetcron.models import LeaseRecord
-from fleetcron.stores.base import Operation, SqlResult, Statement, rows_to_records
+from fleetcron.models import (
+    JobRecord,
+    LeaseRecord,
+    RunOutcome,
+    RunRecord,
+    SlotClaim,
+    job_lease_name,
+)
+from fleetcron.stores.base import (
+    Operation,
+    SqlResult,
+    Statement,
+    rows_to_jobs,
+    rows_to_records,
+    rows_to_runs,
+)
+from fleetcron.stores.ledger import LOST_ERROR, OUTPUT_LIMIT
 
-__all__ = ["Migration", "SqlOperations", "load_migrations", "load_queries", "split_statements"]
+__all__ = [
+    "Migration",
+    "SqlLedger",
+    "SqlOperations",
+    "claim_params",
+    "load_migrations",
+    "load_queries",
+    "split_statements",
+]
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_]+)\s*$", re.MULTILINE)
 
@@ -39,14 +63,24 @@ class Migration:
     statements: tuple[str, ...]
 
 
+_DOLLAR_QUOTE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
+
+
 def split_statements(text: str) -> tuple[str, ...]:
-    """Split a migration file at lines ending with ``;`` (no procedural bodies are used)."""
+    """Split a migration file at lines ending with ``;``, except inside a dollar-quoted
+    body (``$$ … $$`` or ``$tag$ … $tag$``: a PL/pgSQL function is one statement)."""
     statements, current = [], []
+    quote: str | None = None  # the dollar quote we are inside, if any
     for line in text.splitlines():
-        if line.lstrip().startswith("--") or not line.strip():
+        if quote is None and (line.lstrip().startswith("--") or not line.strip()):
             continue
         current.append(line)
-        if line.rstrip().endswith(";"):
+        for match in _DOLLAR_QUOTE.finditer(line):
+            if quote is None:
+                quote = match.group(0)
+            elif match.group(0) == quote:
+                quote = None
+        if quote is None and line.rstrip().endswith(";"):
             statements.append("\n".join(current).rstrip().rstrip(";"))
             current = []
     if current:
@@ -161,3 +195,164 @@ class SqlOperations:
 
 def _decode(value: object) -> str:
     return bytes(value).decode("utf-8") if isinstance(value, bytes | bytearray) else str(value)
+
+
+def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> dict[str, object]:
+    """The bound parameters of one slot claim (every dialect uses the same names)."""
+    return {
+        "namespace": namespace,
+        "job": claim.job,
+        "lease_name": job_lease_name(claim.job),
+        "slot_us": claim.slot_us,
+        "run_id": claim.run_id,
+        "exclusive": claim.exclusive,
+        "max_attempts": claim.max_attempts,
+        "trigger": claim.trigger,
+        "least_us": claim.least_us,
+        "holder": holder,
+        "ttl_us": ttl_us,
+        "lost_error": LOST_ERROR,
+        "output_limit": OUTPUT_LIMIT,
+    }
+
+
+class SqlLedger:
+    """Run-ledger operations for dialects that express each one as a single named query
+    (a function call on PostgreSQL, a multi-statement transaction on MySQL).
+
+    Row shapes: runs as :func:`~fleetcron.stores.base.rows_to_runs`, jobs as
+    :func:`~fleetcron.stores.base.rows_to_jobs`.
+    """
+
+    def store_now(self) -> Operation[int]:
+        result: SqlResult = yield Statement("store_now")
+        return int(result.rows[0][0])
+
+    def run_claim(
+        self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
+    ) -> Operation[list[RunRecord]]:
+        if not claims:
+            return []
+        batch = tuple(claim_params(namespace, claim, holder, ttl_us) for claim in claims)
+        results: list[SqlResult] = yield Statement("run_claim", batch=batch)
+        claimed: list[RunRecord] = []
+        for result in results:
+            claimed.extend(rows_to_runs(namespace, result.rows))
+        return claimed
+
+    def run_extend(
+        self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int
+    ) -> Operation[RunRecord | None]:
+        result: SqlResult = yield Statement(
+            "run_extend",
+            {
+                "namespace": namespace,
+                "job": job,
+                "lease_name": job_lease_name(job),
+                "slot_us": slot_us,
+                "fence": fence,
+                "ttl_us": ttl_us,
+            },
+        )
+        runs = rows_to_runs(namespace, result.rows)
+        return runs[0] if runs else None
+
+    def run_finish(
+        self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
+    ) -> Operation[bool]:
+        result: SqlResult = yield Statement(
+            "run_finish",
+            {
+                "namespace": namespace,
+                "job": job,
+                "lease_name": job_lease_name(job),
+                "slot_us": slot_us,
+                "fence": fence,
+                "state": outcome.state,
+                "exit_code": outcome.exit_code,
+                "error": outcome.error,
+                "output": outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output,
+                "retry_after_us": outcome.retry_after_us if outcome.state == "failed" else None,
+            },
+        )
+        return bool(result.rows and result.rows[0][0])
+
+    def run_record(
+        self,
+        namespace: str,
+        job: str,
+        slot_us: int,
+        state: str,
+        error: str | None,
+        trigger: str,
+    ) -> Operation[bool]:
+        result: SqlResult = yield Statement(
+            "run_record",
+            {
+                "namespace": namespace,
+                "job": job,
+                "slot_us": slot_us,
+                "state": state,
+                "error": error,
+                "trigger": trigger,
+            },
+        )
+        return bool(result.rows and result.rows[0][0])
+
+    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
+        result: SqlResult = yield Statement("run_cancel", {"namespace": namespace, "job": job})
+        return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
+
+    def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
+        result: SqlResult = yield Statement(
+            "run_get", {"namespace": namespace, "job": job, "slot_us": slot_us}
+        )
+        runs = rows_to_runs(namespace, result.rows)
+        return runs[0] if runs else None
+
+    def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
+        if job is None:
+            result: SqlResult = yield Statement(
+                "run_list", {"namespace": namespace, "limit": limit}
+            )
+        else:
+            result = yield Statement(
+                "run_list_job", {"namespace": namespace, "job": job, "limit": limit}
+            )
+        return rows_to_runs(namespace, result.rows)
+
+    def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
+        result: SqlResult = yield Statement(
+            "run_prune", {"namespace": namespace, "keep": keep, "older_than_us": older_than_us}
+        )
+        return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
+
+    def job_register(
+        self, namespace: str, job: str, definition: str, fingerprint: str
+    ) -> Operation[JobRecord | None]:
+        result: SqlResult = yield Statement(
+            "job_register",
+            {
+                "namespace": namespace,
+                "job": job,
+                "definition": definition,
+                "fingerprint": fingerprint,
+            },
+        )
+        jobs = rows_to_jobs(namespace, result.rows)
+        return jobs[0] if jobs else None
+
+    def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
+        result: SqlResult = yield Statement(
+            "job_set_paused", {"namespace": namespace, "job": job, "paused": paused}
+        )
+        return bool(result.rows) or result.rowcount > 0
+
+    def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
+        result: SqlResult = yield Statement("job_get", {"namespace": namespace, "job": job})
+        jobs = rows_to_jobs(namespace, result.rows)
+        return jobs[0] if jobs else None
+
+    def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
+        result: SqlResult = yield Statement("job_list", {"namespace": namespace})
+        return rows_to_jobs(namespace, result.rows)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
@@ -20,6 +20,7 @@ from fleetcron.stores.url import StoreURL
 __all__ = ["SqlSyncStore"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class SqlSyncStore(ABC):
@@ -81,12 +82,23 @@ class SqlSyncStore(ABC):
             self._close_connection(self._conn)
             self._conn = None
 
+    def _execute_batch(
+        self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
+    ) -> list[SqlResult]:
+        """Execute ``sql`` once per parameter set, one result each (``Statement.batch``).
+        This default loops; a dialect overrides it to send them all in one round trip."""
+        return [self._execute(conn, sql, params) for params in batch]
+
     def execute_text(self, sql: str, params: Mapping[str, object] | None = None) -> SqlResult:
         """Execute ``sql`` on the store's connection, translating driver errors once."""
+        return self._guarded(lambda conn: self._execute(conn, sql, params or {}))
+
+    def _guarded(self, work: Callable[[Any], R]) -> R:
+        """Run ``work(connection)`` under the lock, translating driver errors once."""
         with self._lock:
             conn = self._connection()
             try:
-                return self._execute(conn, sql, params or {})
+                return work(conn)
             except Exception as exc:
                 error = self._translate(exc)
                 if error is None:
@@ -101,8 +113,12 @@ class SqlSyncStore(ABC):
                 self._discard()
                 raise
 
-    def _statement(self, statement: Statement) -> SqlResult:
-        return self.execute_text(self.queries[statement.name], statement.params)
+    def _statement(self, statement: Statement) -> SqlResult | list[SqlResult]:
+        sql = self.queries[statement.name]
+        batch = statement.batch
+        if batch is not None:
+            return self._guarded(lambda conn: self._execute_batch(conn, sql, batch))
+        return self.execute_text(sql, statement.params)
 
     def run(self, operation: Operation[T]) -> T:
         """Carry out ``operation`` (one lock hold, so its statements are not interleaved)."""

@@ -109,3 +109,283 @@ SELECT GET_LOCK('fleetcron.migrate', 60);
 
 -- name: migration_unlock
 SELECT RELEASE_LOCK('fleetcron.migrate');
+
+-- ---------------------------------------------------------------------------------------
+-- The run ledger (docs/design/ledger.md). Each operation that must be atomic is one
+-- multi-statement transaction sent in one round trip. Lock order, so blocks never
+-- deadlock one another: job row -> job lease row -> run row (every insert of a run row
+-- holds its job row, so an absent run row cannot appear under a claim's feet). The clock
+-- is read once into @fc_t / @fc_now. SELECT … INTO leaves a variable unchanged when no row
+-- matches, so every variable is reset first. Exactly one statement of a block returns a
+-- result set. Run rows are (job, slot_us, state, attempt, fence, holder, run_id, trigger,
+-- started_us, finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error,
+-- output, now_us); job rows (job, paused, definition, fingerprint, high_water_us,
+-- last_success_us, last_failure_us, updated_us, now_us).
+
+-- name: store_now
+SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+
+-- name: run_claim
+-- One slot (a batch sends one block per slot, one round trip); the rules of
+-- fleetcron.stores.ledger.decide_claim. @fc_batch_t: the batch's clock, set by the runner
+-- before the first block (every claim of a batch happens at one store time).
+START TRANSACTION;
+SET @fc_t = COALESCE(@fc_batch_t, UTC_TIMESTAMP(6));
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', @fc_t);
+SET @fc_paused = NULL, @fc_pre = NULL, @fc_lfence = NULL, @fc_lheld = NULL,
+    @fc_state = NULL, @fc_attempt = NULL, @fc_rexp = NULL, @fc_retry = NULL;
+-- 1. A slot the store's clock has not reached: nothing is read, locked or written.
+SET @fc_go = IF(%(slot_us)s <= @fc_now, 1, 0);
+-- The job row, made if missing, is locked first (2. a paused job's schedule).
+INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, updated_us)
+SELECT %(namespace)s, %(job)s, FALSE, '{}', '', @fc_now FROM DUAL WHERE @fc_go = 1
+ON DUPLICATE KEY UPDATE updated_us = updated_us;
+SELECT paused INTO @fc_paused FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s AND @fc_go = 1
+   FOR UPDATE;
+SET @fc_go = IF(@fc_go = 1 AND NOT (COALESCE(@fc_paused, 0) = 1 AND %(trigger)s = 'schedule'),
+                1, 0);
+-- A final row other than failed never changes again: refuse before touching the lease.
+SELECT state INTO @fc_pre FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s AND @fc_go = 1;
+SET @fc_go = IF(@fc_go = 1 AND COALESCE(@fc_pre IN ('running', 'failed', 'queued'), 1), 1, 0);
+-- The job lease row (made expired if missing), then the run row, locked.
+INSERT INTO fleetcron_lease (namespace, name, holder, fence, acquired_at, expires_at, min_until)
+SELECT %(namespace)s, %(lease_name)s, '', 0, '1970-01-01', '1970-01-01', '1970-01-01'
+  FROM DUAL WHERE @fc_go = 1
+ON DUPLICATE KEY UPDATE fence = fence;
+SELECT fence, IF(expires_at > CAST(@fc_t AS DATETIME(6)), 1, 0) INTO @fc_lfence, @fc_lheld
+  FROM fleetcron_lease
+ WHERE namespace = %(namespace)s AND name = %(lease_name)s AND @fc_go = 1
+   FOR UPDATE;
+SELECT state, attempt, expires_us, retry_at_us
+  INTO @fc_state, @fc_attempt, @fc_rexp, @fc_retry
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s AND @fc_go = 1
+   FOR UPDATE;
+-- 3. Absent or queued: attempt 1; running and expired: attempt + 1, or lost when none remain;
+-- failed and due for a retry: attempt + 1; anything else: not claimed.
+SET @fc_expired = IF(@fc_state = 'running' AND @fc_rexp <= @fc_now, 1, 0);
+SET @fc_lost = IF(@fc_go = 1 AND @fc_expired = 1 AND @fc_attempt >= %(max_attempts)s, 1, 0);
+SET @fc_ok = IF(
+    @fc_go = 1 AND @fc_lost = 0
+    AND (@fc_state IS NULL OR @fc_state = 'queued' OR @fc_expired = 1
+         OR (@fc_state = 'failed' AND @fc_retry <= @fc_now
+             AND @fc_attempt < %(max_attempts)s))
+    -- 4. An exclusive claim needs the job lease free.
+    AND NOT (%(exclusive)s AND @fc_lheld = 1),
+    1, 0);
+-- (assignments run left to right: the note names the attempt that was lost)
+SET @fc_note = IF(@fc_expired = 1,
+                  CONCAT('attempt ', @fc_attempt, ' lost: ', %(lost_error)s), NULL),
+    @fc_attempt = IF(@fc_state IS NULL OR @fc_state = 'queued', 1, @fc_attempt + 1),
+    @fc_fence = GREATEST(COALESCE(@fc_lfence, 0) + 1, @fc_now);
+UPDATE fleetcron_run
+   SET state = 'lost', finished_us = @fc_now, expires_us = NULL, error = %(lost_error)s
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
+   AND @fc_lost = 1;
+-- 5. The run row becomes the new attempt.
+UPDATE fleetcron_run
+   SET state = 'running', attempt = @fc_attempt, fence = @fc_fence, holder = %(holder)s,
+       run_id = %(run_id)s, `trigger` = %(trigger)s, started_us = @fc_now,
+       finished_us = NULL, expires_us = @fc_now + %(ttl_us)s, retry_at_us = NULL,
+       cancel_requested = FALSE, exit_code = NULL, error = @fc_note, output = NULL
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
+   AND @fc_ok = 1 AND @fc_state IS NOT NULL;
+INSERT INTO fleetcron_run
+    (namespace, job, slot_us, state, attempt, fence, holder, run_id, `trigger`,
+     started_us, finished_us, expires_us, retry_at_us, cancel_requested, exit_code,
+     error, output)
+SELECT %(namespace)s, %(job)s, %(slot_us)s, 'running', @fc_attempt, @fc_fence, %(holder)s,
+       %(run_id)s, %(trigger)s, @fc_now, NULL, @fc_now + %(ttl_us)s, NULL, FALSE, NULL,
+       @fc_note, NULL
+  FROM DUAL WHERE @fc_ok = 1 AND @fc_state IS NULL;
+-- 4. Exclusive claims take the job lease; the others only move its fence.
+UPDATE fleetcron_lease
+   SET holder = IF(%(exclusive)s, %(holder)s, holder),
+       fence = @fc_fence,
+       acquired_at = IF(%(exclusive)s, CAST(@fc_t AS DATETIME(6)), acquired_at),
+       expires_at = IF(%(exclusive)s,
+                       TIMESTAMPADD(MICROSECOND, %(ttl_us)s, CAST(@fc_t AS DATETIME(6))),
+                       expires_at),
+       min_until = IF(%(exclusive)s,
+                      TIMESTAMPADD(MICROSECOND, %(least_us)s, CAST(@fc_t AS DATETIME(6))),
+                      min_until)
+ WHERE namespace = %(namespace)s AND name = %(lease_name)s AND @fc_ok = 1;
+-- 6. The job's high-water mark (schedule progress only: not manual or backfill runs).
+UPDATE fleetcron_job
+   SET high_water_us = GREATEST(COALESCE(high_water_us, %(slot_us)s), %(slot_us)s)
+ WHERE namespace = %(namespace)s AND job = %(job)s AND @fc_ok = 1
+   AND %(trigger)s IN ('schedule', 'exec');
+SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       @fc_now
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
+   AND @fc_ok = 1;
+COMMIT;
+
+-- name: run_extend
+START TRANSACTION;
+SET @fc_t = UTC_TIMESTAMP(6);
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', @fc_t), @fc_lfence = NULL;
+SELECT fence INTO @fc_lfence FROM fleetcron_lease
+ WHERE namespace = %(namespace)s AND name = %(lease_name)s
+   FOR UPDATE;
+UPDATE fleetcron_run SET expires_us = @fc_now + %(ttl_us)s
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
+   AND state = 'running' AND fence = %(fence)s AND expires_us > @fc_now;
+SET @fc_ok = ROW_COUNT();
+UPDATE fleetcron_lease
+   SET expires_at = GREATEST(TIMESTAMPADD(MICROSECOND, %(ttl_us)s, CAST(@fc_t AS DATETIME(6))),
+                             min_until)
+ WHERE namespace = %(namespace)s AND name = %(lease_name)s
+   AND fence = %(fence)s AND expires_at > CAST(@fc_t AS DATETIME(6)) AND @fc_ok > 0;
+SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       @fc_now
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
+   AND @fc_ok > 0;
+COMMIT;
+
+-- name: run_finish
+START TRANSACTION;
+SET @fc_t = UTC_TIMESTAMP(6);
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', @fc_t),
+    @fc_paused = NULL, @fc_lfence = NULL;
+SELECT paused INTO @fc_paused FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s
+   FOR UPDATE;
+SELECT fence INTO @fc_lfence FROM fleetcron_lease
+ WHERE namespace = %(namespace)s AND name = %(lease_name)s
+   FOR UPDATE;
+UPDATE fleetcron_run
+   SET state = %(state)s, finished_us = @fc_now, expires_us = NULL,
+       retry_at_us = IF(%(state)s = 'failed', @fc_now + %(retry_after_us)s, NULL),
+       exit_code = %(exit_code)s, error = %(error)s, output = %(output)s
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
+   AND state = 'running' AND fence = %(fence)s AND expires_us > @fc_now;
+SET @fc_ok = ROW_COUNT();
+UPDATE fleetcron_lease
+   SET expires_at = GREATEST(CAST(@fc_t AS DATETIME(6)), min_until)
+ WHERE namespace = %(namespace)s AND name = %(lease_name)s AND fence = %(fence)s
+   AND @fc_ok > 0;
+INSERT INTO fleetcron_job
+    (namespace, job, paused, definition, fingerprint, last_success_us, last_failure_us,
+     updated_us)
+SELECT %(namespace)s, %(job)s, FALSE, '{}', '',
+       IF(%(state)s = 'succeeded', @fc_now, NULL),
+       IF(%(state)s IN ('failed', 'lost'), @fc_now, NULL), @fc_now
+  FROM DUAL WHERE @fc_ok > 0
+ON DUPLICATE KEY UPDATE
+   last_success_us = IF(%(state)s = 'succeeded', @fc_now, last_success_us),
+   last_failure_us = IF(%(state)s IN ('failed', 'lost'), @fc_now, last_failure_us);
+COMMIT;
+SELECT @fc_ok > 0;
+
+-- name: run_record
+-- Insert a final row where the slot has none (never overwrites); move the high-water mark.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)), @fc_have = 0;
+INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, updated_us)
+VALUES (%(namespace)s, %(job)s, FALSE, '{}', '', @fc_now)
+ON DUPLICATE KEY UPDATE updated_us = updated_us;
+SELECT 1 INTO @fc_have FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
+   FOR UPDATE;
+INSERT INTO fleetcron_run
+    (namespace, job, slot_us, state, attempt, fence, holder, run_id, `trigger`,
+     started_us, finished_us, expires_us, retry_at_us, cancel_requested, exit_code,
+     error, output)
+SELECT %(namespace)s, %(job)s, %(slot_us)s, %(state)s, 0, 0, '', '', %(trigger)s,
+       NULL, @fc_now, NULL, NULL, FALSE, NULL, %(error)s, NULL
+  FROM DUAL WHERE @fc_have = 0;
+UPDATE fleetcron_job
+   SET high_water_us = GREATEST(COALESCE(high_water_us, %(slot_us)s), %(slot_us)s)
+ WHERE namespace = %(namespace)s AND job = %(job)s AND @fc_have = 0
+   AND %(state)s <> 'queued';
+COMMIT;
+SELECT @fc_have = 0;
+
+-- name: run_cancel
+UPDATE fleetcron_run SET cancel_requested = TRUE
+ WHERE namespace = %(namespace)s AND job = %(job)s AND state = 'running'
+   AND expires_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+
+-- name: run_get
+SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s;
+
+-- name: run_list
+SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s
+ ORDER BY slot_us DESC, job
+ LIMIT %(limit)s;
+
+-- name: run_list_job
+SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s
+ ORDER BY slot_us DESC
+ LIMIT %(limit)s;
+
+-- name: run_prune
+-- Final rows beyond the newest `keep` of their job, or finished longer ago than the age;
+-- the DELETE re-checks the state, so a row claimed again meanwhile is kept.
+DELETE r FROM fleetcron_run AS r
+  JOIN (SELECT ranked.job, ranked.slot_us
+          FROM (SELECT job, slot_us, finished_us,
+                       ROW_NUMBER() OVER (PARTITION BY job ORDER BY slot_us DESC) AS n
+                  FROM fleetcron_run
+                 WHERE namespace = %(namespace)s AND state NOT IN ('running', 'queued')) AS ranked
+         WHERE ranked.n > %(keep)s
+            OR ranked.finished_us < TIMESTAMPDIFF(MICROSECOND, '1970-01-01',
+                                                  UTC_TIMESTAMP(6)) - %(older_than_us)s
+       ) AS doomed
+    ON r.job = doomed.job AND r.slot_us = doomed.slot_us
+ WHERE r.namespace = %(namespace)s AND r.state NOT IN ('running', 'queued');
+
+-- name: job_register
+-- The row is made (a placeholder, updated_us = -1) or locked first, so the row read next
+-- is the one this call replaces, even against a concurrent first registration.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, updated_us)
+VALUES (%(namespace)s, %(job)s, FALSE, '', '', -1)
+ON DUPLICATE KEY UPDATE updated_us = updated_us;
+SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
+       last_failure_us, updated_us, @fc_now
+  FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s AND updated_us <> -1;
+UPDATE fleetcron_job
+   SET definition = %(definition)s, fingerprint = %(fingerprint)s, updated_us = @fc_now
+ WHERE namespace = %(namespace)s AND job = %(job)s;
+COMMIT;
+
+-- name: job_set_paused
+UPDATE fleetcron_job
+   SET paused = %(paused)s,
+       updated_us = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+ WHERE namespace = %(namespace)s AND job = %(job)s;
+
+-- name: job_get
+SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
+       last_failure_us, updated_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s;
+
+-- name: job_list
+SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
+       last_failure_us, updated_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_job
+ WHERE namespace = %(namespace)s
+ ORDER BY job;

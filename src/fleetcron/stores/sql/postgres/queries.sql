@@ -103,3 +103,132 @@ INSERT INTO fleetcron_schema (version, name) VALUES (%(version)s, %(name)s);
 -- name: migration_lock
 -- Serialises concurrent first starts; released at COMMIT.
 SELECT pg_advisory_xact_lock(7310585240963158077);
+
+-- ---------------------------------------------------------------------------------------
+-- The run ledger (docs/design/ledger.md). Claim, extend, finish and register are
+-- PL/pgSQL functions (migrations/0002_ledger.sql): each locks the job lease row, then the
+-- run row, then the job row, and reads clock_timestamp() once. Run rows are returned as
+-- (job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us, finished_us,
+-- expires_us, retry_at_us, cancel_requested, exit_code, error, output, now_us), job rows
+-- as (job, paused, definition, fingerprint, high_water_us, last_success_us,
+-- last_failure_us, updated_us, now_us).
+
+-- name: store_now
+SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+
+-- name: run_claim
+-- Executed once per slot in one pipeline; each execution is its own transaction.
+SELECT * FROM fleetcron_run_claim(
+    %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
+    %(run_id)s::text, %(exclusive)s::boolean, %(max_attempts)s::integer,
+    %(trigger)s::text, %(least_us)s::bigint, %(holder)s::text, %(ttl_us)s::bigint,
+    %(lost_error)s::text);
+
+-- name: run_extend
+SELECT * FROM fleetcron_run_extend(
+    %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
+    %(fence)s::bigint, %(ttl_us)s::bigint);
+
+-- name: run_finish
+SELECT fleetcron_run_finish(
+    %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
+    %(fence)s::bigint, %(state)s::text, %(exit_code)s::integer, %(error)s::text,
+    %(output)s::text, %(retry_after_us)s::bigint);
+
+-- name: run_record
+-- Insert a final row only where the slot has none (never overwrites); the job row's
+-- high-water mark moves only when it inserted. Locks: run row, then job row.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+ins AS (
+    INSERT INTO fleetcron_run
+        (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger,
+         started_us, finished_us, expires_us, retry_at_us, cancel_requested, exit_code,
+         error, output)
+    SELECT %(namespace)s, %(job)s, %(slot_us)s, %(state)s, 0, 0, '', '', %(trigger)s,
+           NULL, now.us, NULL, NULL, false, NULL, %(error)s::text, NULL
+      FROM now
+    ON CONFLICT (namespace, job, slot_us) DO NOTHING
+    RETURNING slot_us
+),
+mark AS (
+    INSERT INTO fleetcron_job AS j
+        (namespace, job, paused, definition, fingerprint, high_water_us, updated_us)
+    SELECT %(namespace)s, %(job)s, false, '{}', '',
+           CASE WHEN %(state)s <> 'queued' THEN ins.slot_us END, now.us
+      FROM ins, now
+    ON CONFLICT (namespace, job) DO UPDATE
+       SET high_water_us = greatest(j.high_water_us, excluded.high_water_us)
+)
+SELECT count(*) > 0 FROM ins;
+
+-- name: run_cancel
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
+UPDATE fleetcron_run AS r SET cancel_requested = true
+  FROM now
+ WHERE r.namespace = %(namespace)s AND r.job = %(job)s
+   AND r.state = 'running' AND r.expires_us > now.us;
+
+-- name: run_get
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s;
+
+-- name: run_list
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s
+ ORDER BY slot_us DESC, job COLLATE "C"
+ LIMIT %(limit)s;
+
+-- name: run_list_job
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s
+ ORDER BY slot_us DESC
+ LIMIT %(limit)s;
+
+-- name: run_prune
+-- Final rows beyond the newest `keep` of their job, or finished longer ago than the age.
+-- A row claimed again meanwhile is re-checked by the DELETE and kept (never a running row).
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+ranked AS (
+    SELECT job, slot_us, finished_us,
+           row_number() OVER (PARTITION BY job ORDER BY slot_us DESC) AS n
+      FROM fleetcron_run
+     WHERE namespace = %(namespace)s AND state NOT IN ('running', 'queued')
+)
+DELETE FROM fleetcron_run AS r USING ranked, now
+ WHERE r.namespace = %(namespace)s AND r.job = ranked.job AND r.slot_us = ranked.slot_us
+   AND r.state NOT IN ('running', 'queued')
+   AND (ranked.n > %(keep)s OR ranked.finished_us < now.us - %(older_than_us)s);
+
+-- name: job_register
+SELECT * FROM fleetcron_job_register(
+    %(namespace)s::text, %(job)s::text, %(definition)s::text, %(fingerprint)s::text);
+
+-- name: job_set_paused
+UPDATE fleetcron_job
+   SET paused = %(paused)s,
+       updated_us = (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+ WHERE namespace = %(namespace)s AND job = %(job)s;
+
+-- name: job_get
+SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
+       last_failure_us, updated_us,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s;
+
+-- name: job_list
+SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
+       last_failure_us, updated_us,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_job
+ WHERE namespace = %(namespace)s
+ ORDER BY job COLLATE "C";

@@ -72,3 +72,131 @@ CREATE TABLE IF NOT EXISTS fleetcron_schema (
 
 -- name: schema_record
 INSERT INTO fleetcron_schema (version, name) VALUES (:version, :name);
+
+-- The run ledger. Every operation runs inside one BEGIN IMMEDIATE transaction, reading
+-- the store's clock once (store_now) and applying the rules of stores/ledger.py.
+
+-- name: store_now
+SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000;
+
+-- name: run_row
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       :now
+  FROM fleetcron_run
+ WHERE namespace = :namespace AND job = :job AND slot_us = :slot_us;
+
+-- name: lease_row
+SELECT name, holder, fence, acquired_us, expires_us, min_until_us, :now
+  FROM fleetcron_lease
+ WHERE namespace = :namespace AND name = :name;
+
+-- name: job_row
+SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
+       last_failure_us, updated_us, :now
+  FROM fleetcron_job
+ WHERE namespace = :namespace AND job = :job;
+
+-- name: run_put
+INSERT INTO fleetcron_run
+    (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+     finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output)
+VALUES (:namespace, :job, :slot_us, :state, :attempt, :fence, :holder, :run_id, :trigger,
+        :started_us, :finished_us, :expires_us, :retry_at_us, :cancel_requested, :exit_code,
+        :error, :output)
+ON CONFLICT (namespace, job, slot_us) DO UPDATE
+   SET state = excluded.state, attempt = excluded.attempt, fence = excluded.fence,
+       holder = excluded.holder, run_id = excluded.run_id, trigger = excluded.trigger,
+       started_us = excluded.started_us, finished_us = excluded.finished_us,
+       expires_us = excluded.expires_us, retry_at_us = excluded.retry_at_us,
+       cancel_requested = excluded.cancel_requested, exit_code = excluded.exit_code,
+       error = excluded.error, output = excluded.output;
+
+-- name: lease_put
+INSERT INTO fleetcron_lease
+    (namespace, name, holder, fence, acquired_us, expires_us, min_until_us)
+VALUES (:namespace, :name, :holder, :fence, :acquired_us, :expires_us, :min_until_us)
+ON CONFLICT (namespace, name) DO UPDATE
+   SET holder = excluded.holder, fence = excluded.fence, acquired_us = excluded.acquired_us,
+       expires_us = excluded.expires_us, min_until_us = excluded.min_until_us;
+
+-- name: job_put
+INSERT INTO fleetcron_job
+    (namespace, job, paused, definition, fingerprint, high_water_us, last_success_us,
+     last_failure_us, updated_us)
+VALUES (:namespace, :job, :paused, :definition, :fingerprint, :high_water_us,
+        :last_success_us, :last_failure_us, :updated_us)
+ON CONFLICT (namespace, job) DO UPDATE
+   SET paused = excluded.paused, definition = excluded.definition,
+       fingerprint = excluded.fingerprint, high_water_us = excluded.high_water_us,
+       last_success_us = excluded.last_success_us, last_failure_us = excluded.last_failure_us,
+       updated_us = excluded.updated_us;
+
+-- name: run_cancel
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+UPDATE fleetcron_run SET cancel_requested = 1
+ WHERE namespace = :namespace AND job = :job AND state = 'running'
+   AND expires_us > (SELECT t FROM now)
+RETURNING 1;
+
+-- name: run_get
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_run
+ WHERE namespace = :namespace AND job = :job AND slot_us = :slot_us;
+
+-- name: run_list
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_run
+ WHERE namespace = :namespace
+ ORDER BY slot_us DESC, job
+ LIMIT :limit;
+
+-- name: run_list_job
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_run
+ WHERE namespace = :namespace AND job = :job
+ ORDER BY slot_us DESC
+ LIMIT :limit;
+
+-- name: run_prune
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000),
+ranked AS (
+    SELECT job, slot_us, finished_us,
+           row_number() OVER (PARTITION BY job ORDER BY slot_us DESC) AS newest
+      FROM fleetcron_run
+     WHERE namespace = :namespace AND state NOT IN ('running', 'queued')
+)
+DELETE FROM fleetcron_run
+ WHERE namespace = :namespace AND state NOT IN ('running', 'queued')
+   AND (job, slot_us) IN (
+       SELECT job, slot_us FROM ranked, now
+        WHERE newest > :keep OR finished_us < now.t - :older_than_us
+   )
+RETURNING 1;
+
+-- name: job_set_paused
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+UPDATE fleetcron_job SET paused = :paused, updated_us = (SELECT t FROM now)
+ WHERE namespace = :namespace AND job = :job
+RETURNING 1;
+
+-- name: job_get
+SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
+       last_failure_us, updated_us,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_job
+ WHERE namespace = :namespace AND job = :job;
+
+-- name: job_list
+SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
+       last_failure_us, updated_us,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_job
+ WHERE namespace = :namespace
+ ORDER BY job;

@@ -1,0 +1,220 @@
+"""``fleetcron run JOBS.toml`` and the ledger commands ``runs``, ``pause``, ``resume``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Sequence
+from typing import TypeVar, cast
+
+from fleetcron.durations import format_duration
+from fleetcron.errors import ConfigurationError, FleetcronError
+from fleetcron.fleet import NAMESPACE_ENV
+from fleetcron.jobsfile import load_jobs_file
+from fleetcron.models import RunRecord, micros_to_datetime
+from fleetcron.names import validate_namespace
+from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.stores import open_async_store, open_store, resolve_backend
+from fleetcron.stores.base import LedgerOperations, SyncStore
+
+__all__ = ["add_parsers", "run_pause", "run_run", "run_runs", "run_trigger"]
+
+_Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
+
+
+def add_parsers(
+    subparsers: argparse._SubParsersAction[_Parser], parents: Sequence[_Parser]
+) -> None:
+    """Add ``run``, ``runs``, ``pause`` and ``resume``."""
+    run = subparsers.add_parser(
+        "run",
+        parents=list(parents),
+        help="run the jobs of a jobs file (every replica runs the same command)",
+        description="Run the jobs of JOBS.toml; each slot runs once across every replica.",
+    )
+    run.add_argument("jobs_file", metavar="JOBS.toml")
+    run.add_argument("--mode", choices=("claim", "leader"), help="default: the file's, or claim")
+    run.add_argument(
+        "--concurrency", type=int, default=16, metavar="N", help="runs in flight on this replica"
+    )
+    run.add_argument(
+        "--shutdown-grace", default="30s", metavar="D", help="time running jobs get on SIGTERM"
+    )
+
+    runs = subparsers.add_parser("runs", parents=list(parents), help="show the run ledger")
+    runs.add_argument("job", nargs="?", metavar="JOB")
+    runs.add_argument("--limit", type=int, default=20, metavar="N")
+    runs.add_argument("--json", action="store_true", help="machine-readable output")
+
+    trigger = subparsers.add_parser(
+        "trigger", parents=list(parents), help="run a job now, once, on one replica"
+    )
+    trigger.add_argument("job", metavar="JOB")
+
+    for verb in ("pause", "resume"):
+        command = subparsers.add_parser(
+            verb, parents=list(parents), help=f"{verb} a job on every replica"
+        )
+        command.add_argument("job", metavar="JOB")
+
+
+def _namespace(args: argparse.Namespace, configured: str | None) -> str:
+    explicit = getattr(args, "namespace", None)
+    if explicit is not None:
+        return validate_namespace(explicit)
+    return validate_namespace(os.environ.get(NAMESPACE_ENV) or configured or "default")
+
+
+def run_run(args: argparse.Namespace) -> int:
+    """``fleetcron run``: load and check everything, then run until SIGTERM/SIGINT."""
+    from fleetcron.durations import to_micros
+
+    jobs_file = load_jobs_file(args.jobs_file)
+    if args.concurrency < 1:
+        raise ConfigurationError(f"--concurrency must be at least 1, got {args.concurrency}")
+    grace = to_micros(args.shutdown_grace, what="--shutdown-grace")
+    if grace < 0:
+        raise ConfigurationError(f"--shutdown-grace must not be negative: {args.shutdown_grace!r}")
+    url = resolve_backend(getattr(args, "backend", None), jobs_file.backend)
+    options = SchedulerOptions(
+        namespace=_namespace(args, jobs_file.namespace),
+        mode=args.mode or jobs_file.mode or "claim",
+        concurrency=args.concurrency,
+        shutdown_grace_s=grace / 1e6,
+        backend_url=url.raw,
+    )
+    if not jobs_file.jobs:
+        raise ConfigurationError(f"{args.jobs_file}: no jobs defined ([jobs.NAME] tables)")
+
+    async def main() -> None:
+        store = await open_async_store(url)
+        try:
+            scheduler = Scheduler(store, jobs_file.jobs, options)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, scheduler.stop)
+            await scheduler.run()
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    return 0
+
+
+def _ledger(store: SyncStore) -> LedgerOperations:
+    if not hasattr(store.ops, "run_claim"):
+        raise FleetcronError(f"the store {store.url} has no run ledger")
+    return cast(LedgerOperations, store.ops)
+
+
+def _iso(micros: int | None) -> str:
+    if micros is None:
+        return "-"
+    return micros_to_datetime(micros).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _row(run: RunRecord) -> dict[str, object]:
+    host, _, _token = run.holder.rpartition(":")
+    duration = None
+    if run.started_us is not None:
+        end = run.finished_us if run.finished_us is not None else run.now_us
+        duration = round((end - run.started_us) / 1e6, 3)
+    return {
+        "job": run.job,
+        "slot": _iso(run.slot_us),
+        "state": run.state,
+        "attempt": run.attempt,
+        "fence": run.fence,
+        "holder": host or None,
+        "trigger": run.trigger,
+        "started": _iso(run.started_us) if run.started_us else None,
+        "duration_s": duration,
+        "exit_code": run.exit_code,
+        "error": run.error,
+    }
+
+
+def run_runs(args: argparse.Namespace) -> int:
+    """``fleetcron runs [JOB]``: newest slots first."""
+    if args.limit < 1:
+        raise ConfigurationError(f"--limit must be at least 1, got {args.limit}")
+    url = resolve_backend(getattr(args, "backend", None))
+    namespace = _namespace(args, None)
+    store = open_store(url)
+    try:
+        runs = store.run(_ledger(store).run_list(namespace, args.job, args.limit))
+    finally:
+        store.close()
+    rows = [_row(run) for run in runs]
+    if args.json:
+        print(json.dumps(rows, indent=2))  # noqa: T201
+        return 0
+    if not rows:
+        print("no runs")  # noqa: T201
+        return 0
+    header = ("JOB", "SLOT", "STATE", "ATTEMPT", "FENCE", "HOLDER", "DURATION", "EXIT", "ERROR")
+    table = [header]
+    for row in rows:
+        duration = row["duration_s"]
+        table.append(
+            (
+                str(row["job"]),
+                str(row["slot"]),
+                str(row["state"]),
+                str(row["attempt"]),
+                str(row["fence"]),
+                str(row["holder"] or "-"),
+                format_duration(round(float(duration) * 1e6)) if duration is not None else "-",  # type: ignore[arg-type]
+                "-" if row["exit_code"] is None else str(row["exit_code"]),
+                str(row["error"] or ""),
+            )
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for line in table:
+        text = "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        print(text.rstrip())  # noqa: T201
+    return 0
+
+
+def run_pause(args: argparse.Namespace, paused: bool) -> int:
+    """``fleetcron pause JOB`` / ``resume JOB``: persisted in the store for every replica."""
+    url = resolve_backend(getattr(args, "backend", None))
+    namespace = _namespace(args, None)
+    store = open_store(url)
+    try:
+        known = store.run(_ledger(store).job_set_paused(namespace, args.job, paused))
+    finally:
+        store.close()
+    if not known:
+        raise ConfigurationError(
+            f"no job {args.job!r} in namespace {namespace!r} (jobs register when a replica runs)"
+        )
+    print(f"{args.job}: {'paused' if paused else 'resumed'}")  # noqa: T201
+    return 0
+
+
+def run_trigger(args: argparse.Namespace) -> int:
+    """``fleetcron trigger JOB``: queue a run at the store's now; a replica claims it.
+
+    Works while the job is paused (like Temporal's trigger). The running replicas pick
+    the queued slot up within a couple of seconds.
+    """
+    url = resolve_backend(getattr(args, "backend", None))
+    namespace = _namespace(args, None)
+    store = open_store(url)
+    try:
+        ledger = _ledger(store)
+        if store.run(ledger.job_get(namespace, args.job)) is None:
+            raise ConfigurationError(
+                f"no job {args.job!r} in namespace {namespace!r} "
+                "(jobs register when a replica runs)"
+            )
+        slot = store.run(ledger.store_now())
+        store.run(ledger.run_record(namespace, args.job, slot, "queued", None, "manual"))
+    finally:
+        store.close()
+    print(f"{args.job}: queued a run for {_iso(slot)}")  # noqa: T201
+    return 0

@@ -1,0 +1,668 @@
+"""Job definitions: the jobs file (TOML) and their validation.
+
+A jobs file has an optional ``[fleetcron]`` table and one ``[jobs.NAME]`` table per job::
+
+    [fleetcron]
+    backend = "postgresql://app@db/app"   # optional; CLI flag and $FLEETCRON_BACKEND win
+    namespace = "prod"                     # optional
+    mode = "claim"                         # optional: claim | leader
+
+    [jobs.invoice-sweep]
+    schedule = "*/5 * * * *"           # or: every = "30s" / at = "2025-01-01T09:00:00+01:00"
+    timezone = "Europe/Berlin"
+    command = ["/opt/app/bin/invoice-export", "--since", "yesterday"]  # or: call = "app.jobs:sweep"
+
+Keys of a job and their defaults (:data:`DEFAULTS`):
+
+============== =========== ===========================================================
+key            default     meaning
+============== =========== ===========================================================
+schedule                   5-field cron expression (exactly one of schedule/every/at)
+every                      interval, slots aligned to the Unix epoch
+at                         ISO 8601 date and time; with an offset, or naive in ``timezone``
+timezone       ``UTC``     IANA zone for ``schedule`` and a naive ``at``
+command                    argv list (exactly one of command/call); run without a shell
+call                       ``module:function``; imported when the file is loaded
+lock_at_most   ``10m``     lease length: the ceiling if the holder dies
+lock_at_least  ``0s``      the lease stays held this long after the run (ShedLock)
+timeout        none        the run is cancelled after this long
+overlap        ``skip``    skip | buffer_one | allow | cancel_other
+catchup        ``latest``  skip | latest | all: what to do with slots missed while down
+catchup_window ``1h``      how far back missed slots are considered
+max_catchup    ``100``     at most this many missed slots are run (catchup = all)
+retries        ``0``       extra attempts after a failure
+retry_backoff  ``30s``     delay before a retry
+jitter         ``0s``      deterministic start delay per (job, slot), at most this long
+grace          none        overdue (alert) when no success by slot + grace
+ping_url       none        healthchecks-style URL
+keepalive      ``true``    renew the lease while the job runs; false = killed at lock_at_most
+============== =========== ===========================================================
+
+In the file, durations are strings with a unit (``"500ms"``, ``"90s"``, ``"1h30m"``); from
+Python they may also be seconds or a :class:`~datetime.timedelta`.
+
+``call`` modules are imported when the file is loaded, with the jobs file's directory
+placed first on ``sys.path`` for the duration of the import, so a module next to the jobs
+file is found (``call = "jobs_demo:tick"`` for ``jobs_demo.py`` beside ``jobs.toml``).
+Modules already imported are reused.
+
+Every mistake is a :class:`ConfigurationError` with a one-line message naming the file,
+the job and the key, e.g. ``jobs.toml: job 'invoice-sweep': key 'timezone': unknown time
+zone 'Europe/Berln'``, raised before anything touches a store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+import sys
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, NoReturn, TypeVar, get_args
+from urllib.parse import urlsplit
+
+from fleetcron.durations import format_duration, to_micros
+from fleetcron.errors import ConfigurationError
+from fleetcron.names import validate_namespace
+from fleetcron.schedules import (
+    AtSchedule,
+    CronSchedule,
+    EverySchedule,
+    Schedule,
+    from_datetime,
+    parse_timezone,
+)
+
+__all__ = [
+    "CATCHUP_POLICIES",
+    "DEFAULTS",
+    "JOB_KEYS",
+    "MODES",
+    "OVERLAP_POLICIES",
+    "CallTarget",
+    "Catchup",
+    "CommandTarget",
+    "JobSpec",
+    "JobsFile",
+    "Mode",
+    "Overlap",
+    "Target",
+    "job_spec",
+    "load_jobs_file",
+    "unique_jobs",
+]
+
+Overlap = Literal["skip", "buffer_one", "allow", "cancel_other"]
+Catchup = Literal["skip", "latest", "all"]
+Mode = Literal["claim", "leader"]
+
+OVERLAP_POLICIES: tuple[Overlap, ...] = get_args(Overlap)
+CATCHUP_POLICIES: tuple[Catchup, ...] = get_args(Catchup)
+MODES: tuple[Mode, ...] = get_args(Mode)
+
+DEFAULTS: Mapping[str, str | int | bool | None] = MappingProxyType(
+    {
+        "timezone": "UTC",
+        "lock_at_most": "10m",
+        "lock_at_least": "0s",
+        "timeout": None,
+        "overlap": "skip",
+        "catchup": "latest",
+        "catchup_window": "1h",
+        "max_catchup": 100,
+        "retries": 0,
+        "retry_backoff": "30s",
+        "jitter": "0s",
+        "grace": None,
+        "ping_url": None,
+        "keepalive": True,
+    }
+)
+
+JOB_KEYS: frozenset[str] = frozenset({"schedule", "every", "at", "command", "call", *DEFAULTS})
+_SCHEDULE_KEYS = ("schedule", "every", "at")
+_TARGET_KEYS = ("command", "call")
+_SETTINGS_KEYS = frozenset({"backend", "namespace", "mode"})
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+_Choice = TypeVar("_Choice", bound=str)
+_DUPLICATE_JOB = re.compile(r"Cannot declare \('jobs', (['\"])(.*)\1\) twice (\(.*\))")
+
+
+@dataclass(frozen=True)
+class CommandTarget:
+    """A command run as an argv list, never through a shell."""
+
+    argv: tuple[str, ...]
+
+    def definition(self) -> dict[str, object]:
+        """``{"kind": "command", "argv": [...]}``."""
+        return {"kind": "command", "argv": list(self.argv)}
+
+
+@dataclass(frozen=True)
+class CallTarget:
+    """A Python callable, known by its ``module:function`` reference."""
+
+    reference: str
+    function: Callable[..., object]
+
+    def definition(self) -> dict[str, object]:
+        """``{"kind": "call", "reference": "module:function"}``."""
+        return {"kind": "call", "reference": self.reference}
+
+
+Target = CommandTarget | CallTarget
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One validated job definition. Durations are integer microseconds."""
+
+    name: str
+    schedule: Schedule
+    timezone: str
+    target: Target
+    lock_at_most_us: int
+    lock_at_least_us: int
+    timeout_us: int | None
+    overlap: Overlap
+    catchup: Catchup
+    catchup_window_us: int
+    max_catchup: int
+    retries: int
+    retry_backoff_us: int
+    jitter_us: int
+    grace_us: int | None
+    ping_url: str | None
+    keepalive: bool
+
+    def definition(self) -> dict[str, object]:
+        """The definition as plain JSON-able data (the name excluded): what replicas compare."""
+        return {
+            "schedule": dict(self.schedule.definition()),
+            "timezone": self.timezone,
+            "target": self.target.definition(),
+            "lock_at_most_us": self.lock_at_most_us,
+            "lock_at_least_us": self.lock_at_least_us,
+            "timeout_us": self.timeout_us,
+            "overlap": self.overlap,
+            "catchup": self.catchup,
+            "catchup_window_us": self.catchup_window_us,
+            "max_catchup": self.max_catchup,
+            "retries": self.retries,
+            "retry_backoff_us": self.retry_backoff_us,
+            "jitter_us": self.jitter_us,
+            "grace_us": self.grace_us,
+            "ping_url": self.ping_url,
+            "keepalive": self.keepalive,
+        }
+
+    def fingerprint(self) -> str:
+        """A stable hash of :meth:`definition` (32 hex digits), equal across processes.
+
+        A ``call`` target contributes its ``module:function`` reference, not the object.
+        """
+        canonical = json.dumps({"v": 1, **self.definition()}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def unique_jobs(specs: Iterable[JobSpec], *, where: str) -> tuple[JobSpec, ...]:
+    """``specs`` as a tuple, or a :class:`ConfigurationError` if a name occurs twice."""
+    seen: set[str] = set()
+    result: list[JobSpec] = []
+    for spec in specs:
+        if spec.name in seen:
+            raise ConfigurationError(f"{where}: job {spec.name!r} is defined twice")
+        seen.add(spec.name)
+        result.append(spec)
+    return tuple(result)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobsFile:
+    """A loaded jobs file: the ``[fleetcron]`` settings and the jobs, in file order."""
+
+    jobs: tuple[JobSpec, ...]
+    path: Path | None = None
+    backend: str | None = None
+    namespace: str | None = None
+    mode: Mode | None = None
+
+    def __post_init__(self) -> None:
+        unique_jobs(self.jobs, where=str(self.path) if self.path else "jobs")
+
+    def job(self, name: str) -> JobSpec:
+        """The job called ``name``; :class:`KeyError` when there is none."""
+        for spec in self.jobs:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _import_call(reference: str, base_dir: Path | None) -> Callable[..., object]:
+    if not _REFERENCE.fullmatch(reference):
+        raise ConfigurationError(f"{reference!r} is not a 'module:function' reference")
+    module_name, _, attribute = reference.partition(":")
+    entry = str(base_dir) if base_dir is not None else None
+    added = entry is not None and entry not in sys.path
+    if added:
+        sys.path.insert(0, str(entry))
+    try:
+        importlib.invalidate_caches()
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            where = "the jobs file's directory and sys.path" if base_dir else "sys.path"
+            raise ConfigurationError(
+                f"cannot import module {module_name!r}: not found on {where}"
+            ) from None
+        raise ConfigurationError(f"importing module {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise ConfigurationError(
+            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        if added:
+            sys.path.remove(str(entry))
+    target: object = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigurationError(
+                f"module {module_name!r} has no attribute {attribute!r}"
+            ) from None
+    if not callable(target):
+        raise ConfigurationError(f"{reference!r} is not callable")
+    return target
+
+
+def _reference_of(function: Callable[..., object]) -> str:
+    module = getattr(function, "__module__", None) or "?"
+    qualname = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return f"{module}:{qualname}"
+
+
+class _JobBuilder:
+    """Validates one job's options; every failure names ``where``, the job and the key."""
+
+    def __init__(
+        self,
+        name: str,
+        options: Mapping[str, object],
+        *,
+        where: str,
+        from_toml: bool,
+        base_dir: Path | None,
+        now_us: int | None,
+    ) -> None:
+        self.name = name
+        self.options = options
+        self.where = where
+        self.from_toml = from_toml
+        self.base_dir = base_dir
+        self.now_us = now_us
+
+    def fail(self, key: str, problem: str) -> NoReturn:
+        raise ConfigurationError(
+            _one_line(f"{self.where}: job {self.name!r}: key {key!r}: {problem}")
+        )
+
+    def value(self, key: str) -> object:
+        value = self.options.get(key)
+        return DEFAULTS.get(key) if value is None else value
+
+    def duration(self, key: str, *, positive: bool = False) -> int | None:
+        value = self.value(key)
+        if value is None:
+            return None
+        if self.from_toml and not isinstance(value, str):
+            self.fail(key, f'{value!r} is not a duration: write a string with a unit, e.g. "30s"')
+        if isinstance(value, str) and value.strip().startswith("-"):
+            self.fail(key, f"negative duration {value!r} is not allowed")
+        if not isinstance(value, str | int | float | timedelta):
+            self.fail(key, f"{value!r} is not a duration")
+        try:
+            micros = to_micros(value, what=key)
+        except ConfigurationError as exc:
+            self.fail(key, exc.message.removeprefix(f"{key}: "))
+        if micros < 0:
+            self.fail(key, f"negative duration {value!r} is not allowed")
+        if positive and micros == 0:
+            self.fail(key, f"must be positive, got {value!r}")
+        return micros
+
+    def required_duration(self, key: str, *, positive: bool = False) -> int:
+        micros = self.duration(key, positive=positive)
+        assert micros is not None  # every such key has a default
+        return micros
+
+    def integer(self, key: str, *, minimum: int) -> int:
+        value = self.value(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"must be an integer, not {value!r}")
+        if value < minimum:
+            self.fail(key, f"must be at least {minimum}, got {value}")
+        return value
+
+    def choice(self, key: str, allowed: tuple[_Choice, ...]) -> _Choice:
+        value = self.value(key)
+        for option in allowed:
+            if value == option:
+                return option
+        self.fail(key, f"unknown value {value!r} (expected one of: {', '.join(allowed)})")
+
+    def exactly_one(self, keys: tuple[str, ...], what: str) -> str:
+        present = [key for key in keys if self.options.get(key) is not None]
+        listed = ", ".join(repr(key) for key in keys)
+        if not present:
+            raise ConfigurationError(
+                f"{self.where}: job {self.name!r}: keys {listed}: one is required ({what})"
+            )
+        if len(present) > 1:
+            both = " and ".join(repr(key) for key in present)
+            raise ConfigurationError(
+                f"{self.where}: job {self.name!r}: keys {both}: give only one ({what})"
+            )
+        return present[0]
+
+    def timezone(self) -> str:
+        value = self.value("timezone")
+        try:
+            parse_timezone(value)
+        except ConfigurationError as exc:
+            self.fail("timezone", exc.message)
+        assert isinstance(value, str)
+        return value
+
+    def schedule(self, timezone: str) -> Schedule:
+        kind = self.exactly_one(_SCHEDULE_KEYS, "a cron schedule, an interval or a moment")
+        if kind == "every":
+            every = self.required_duration("every", positive=True)
+            return EverySchedule(every)
+        if kind == "at":
+            return AtSchedule(self.moment(timezone))
+        expression = self.options["schedule"]
+        if not isinstance(expression, str):
+            self.fail("schedule", f"must be a cron expression string, not {expression!r}")
+        try:
+            return CronSchedule(expression, timezone)
+        except ConfigurationError as exc:
+            self.fail("schedule", exc.message)
+
+    def moment(self, timezone: str) -> int:
+        value = self.options["at"]
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value.strip())
+            except ValueError:
+                self.fail("at", f"{value!r} is not an ISO 8601 date and time")
+        if not isinstance(value, datetime):
+            kind = "a date without a time" if isinstance(value, date) else repr(value)
+            self.fail("at", f"{kind} is not a date and time (e.g. 2025-01-01T09:00:00+01:00)")
+        if value.tzinfo is None:
+            zone = parse_timezone(timezone)
+            aware = value.replace(tzinfo=zone, fold=0)
+            # A wall time that does not exist in the zone does not survive a round trip.
+            if aware.astimezone(UTC).astimezone(zone).replace(tzinfo=None) != value.replace(fold=0):
+                self.fail("at", f"{value.isoformat()} does not exist in {timezone} (DST gap)")
+            value = aware
+        return from_datetime(value)
+
+    def target(self) -> Target:
+        kind = self.exactly_one(_TARGET_KEYS, "a command argv list or a 'module:function'")
+        value = self.options[kind]
+        if kind == "command":
+            if (
+                not isinstance(value, list | tuple)
+                or not value
+                or not all(isinstance(arg, str) for arg in value)
+            ):
+                self.fail("command", f"must be a non-empty list of strings, not {value!r}")
+            if not value[0]:
+                self.fail("command", "the program (first element) is empty")
+            return CommandTarget(tuple(value))
+        if callable(value) and not isinstance(value, str):
+            if self.from_toml:
+                self.fail("call", "must be a 'module:function' string")
+            return CallTarget(_reference_of(value), value)
+        if not isinstance(value, str):
+            self.fail("call", f"must be a 'module:function' string, not {value!r}")
+        try:
+            function = _import_call(value.strip(), self.base_dir)
+        except ConfigurationError as exc:
+            self.fail("call", exc.message)
+        return CallTarget(value.strip(), function)
+
+    def ping_url(self) -> str | None:
+        value = self.value("ping_url")
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self.fail("ping_url", f"must be a string, not {value!r}")
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            self.fail("ping_url", f"{value!r} is not an http(s) URL")
+        return value
+
+    def keepalive(self) -> bool:
+        value = self.value("keepalive")
+        if not isinstance(value, bool):
+            self.fail("keepalive", f"must be true or false, not {value!r}")
+        return value
+
+    def build(self) -> JobSpec:
+        unknown = sorted(set(self.options) - JOB_KEYS)
+        if unknown:
+            key = unknown[0]
+            hint = ""
+            if isinstance(self.options[key], Mapping):
+                hint = f' (a job name containing "." must be quoted: [jobs."{self.name}.{key}"])'
+            self.fail(key, f"unknown key{hint}; known keys: {', '.join(sorted(JOB_KEYS))}")
+        timezone = self.timezone()
+        schedule = self.schedule(timezone)
+        target = self.target()
+        lock_at_most = self.required_duration("lock_at_most", positive=True)
+        lock_at_least = self.required_duration("lock_at_least")
+        timeout = self.duration("timeout", positive=True)
+        catchup_window = self.required_duration("catchup_window")
+        retry_backoff = self.required_duration("retry_backoff")
+        jitter = self.required_duration("jitter")
+        grace = self.duration("grace", positive=True)
+        overlap = self.choice("overlap", OVERLAP_POLICIES)
+        catchup = self.choice("catchup", CATCHUP_POLICIES)
+        max_catchup = self.integer("max_catchup", minimum=1)
+        retries = self.integer("retries", minimum=0)
+        keepalive = self.keepalive()
+        ping_url = self.ping_url()
+
+        if lock_at_least > lock_at_most:
+            self.fail(
+                "lock_at_least",
+                f"{format_duration(lock_at_least)} is longer than lock_at_most "
+                f"{format_duration(lock_at_most)}",
+            )
+        if not keepalive and timeout is not None and lock_at_most < timeout:
+            self.fail(
+                "lock_at_most",
+                f"{format_duration(lock_at_most)} is shorter than timeout "
+                f"{format_duration(timeout)} with keepalive = false: the job would be "
+                "killed when the lease ends, before its timeout",
+            )
+        if lock_at_least > 0 or jitter > 0:
+            interval = schedule.min_interval_us(from_us=self.now_us)
+            if interval is not None and lock_at_least >= interval:
+                self.fail(
+                    "lock_at_least",
+                    f"{format_duration(lock_at_least)} is not shorter than the schedule's "
+                    f"shortest interval {format_duration(interval)}: it would block the next slot",
+                )
+            if interval is not None and jitter >= interval:
+                self.fail(
+                    "jitter",
+                    f"{format_duration(jitter)} is not shorter than the schedule's "
+                    f"shortest interval {format_duration(interval)}",
+                )
+        return JobSpec(
+            name=self.name,
+            schedule=schedule,
+            timezone=timezone,
+            target=target,
+            lock_at_most_us=lock_at_most,
+            lock_at_least_us=lock_at_least,
+            timeout_us=timeout,
+            overlap=overlap,
+            catchup=catchup,
+            catchup_window_us=catchup_window,
+            max_catchup=max_catchup,
+            retries=retries,
+            retry_backoff_us=retry_backoff,
+            jitter_us=jitter,
+            grace_us=grace,
+            ping_url=ping_url,
+            keepalive=keepalive,
+        )
+
+
+def _check_name(name: object, where: str) -> str:
+    if not isinstance(name, str):
+        raise ConfigurationError(f"{where}: job name must be a string, not {name!r}")
+    if not _JOB_NAME.fullmatch(name):
+        raise ConfigurationError(
+            _one_line(
+                f"{where}: job {name!r}: invalid job name: use 1-128 characters from "
+                "A-Z a-z 0-9 _ . - starting with a letter or digit"
+            )
+        )
+    return name
+
+
+def job_spec(
+    name: str,
+    *,
+    where: str,
+    base_dir: str | Path | None = None,
+    now_us: int | None = None,
+    **options: object,
+) -> JobSpec:
+    """Validate one job given as keyword options named like the jobs-file keys.
+
+    ``where`` prefixes every error message (a file name, or e.g. ``"Fleet.job"``).
+    From Python, ``call`` may be a callable, durations may be seconds or timedeltas, and
+    ``at`` a datetime. A ``call`` string is imported now, with ``base_dir`` (if given)
+    first on ``sys.path``. ``now_us`` anchors the year over which the shortest cron
+    interval is measured (default: now). Options set to ``None`` take their default.
+    """
+    checked = _check_name(name, where)
+    return _JobBuilder(
+        checked,
+        options,
+        where=where,
+        from_toml=False,
+        base_dir=Path(base_dir) if base_dir is not None else None,
+        now_us=now_us,
+    ).build()
+
+
+def _settings(table: object, where: str) -> tuple[str | None, str | None, Mode | None]:
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"{where}: 'fleetcron' must be a table ([fleetcron])")
+    unknown = sorted(set(table) - _SETTINGS_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"{where}: [fleetcron]: key {unknown[0]!r}: unknown key; "
+            f"known keys: {', '.join(sorted(_SETTINGS_KEYS))}"
+        )
+    backend = table.get("backend")
+    if backend is not None and (not isinstance(backend, str) or not backend.strip()):
+        raise ConfigurationError(f"{where}: [fleetcron]: key 'backend': must be a store URL")
+    namespace = table.get("namespace")
+    if namespace is not None:
+        try:
+            namespace = validate_namespace(namespace)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"{where}: [fleetcron]: key 'namespace': {exc.message}"
+            ) from None
+    mode_value = table.get("mode")
+    mode: Mode | None = None
+    if mode_value is not None:
+        for option in MODES:
+            if mode_value == option:
+                mode = option
+        if mode is None:
+            raise ConfigurationError(
+                f"{where}: [fleetcron]: key 'mode': unknown value {mode_value!r} "
+                f"(expected one of: {', '.join(MODES)})"
+            )
+    return backend, namespace, mode
+
+
+def _toml_error(where: str, exc: tomllib.TOMLDecodeError) -> str:
+    duplicate = _DUPLICATE_JOB.fullmatch(str(exc))
+    if duplicate:
+        return f"{where}: job {duplicate.group(2)!r} is defined twice {duplicate.group(3)}"
+    return _one_line(f"{where}: invalid TOML: {exc}")
+
+
+def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
+    """Read and validate a jobs file; every problem is a one-line :class:`ConfigurationError`.
+
+    ``call`` modules are imported with the file's directory first on ``sys.path``.
+    ``now_us`` anchors the year over which the shortest cron interval is measured.
+    """
+    where = str(path)
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise ConfigurationError(f"{where}: jobs file not found") from None
+    except IsADirectoryError:
+        raise ConfigurationError(f"{where}: is a directory, not a jobs file") from None
+    except OSError as exc:
+        raise ConfigurationError(f"{where}: cannot read jobs file: {exc.strerror}") from None
+    try:
+        document = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(_toml_error(where, exc)) from None
+
+    for key in document:
+        if key not in ("fleetcron", "jobs"):
+            raise ConfigurationError(
+                f"{where}: unknown top-level key {key!r} "
+                "(expected a [fleetcron] table and [jobs.NAME] tables)"
+            )
+    backend, namespace, mode = _settings(document.get("fleetcron", {}), where)
+    jobs_table = document.get("jobs")
+    if not isinstance(jobs_table, dict) or not jobs_table:
+        raise ConfigurationError(f"{where}: no jobs: add a [jobs.NAME] table per job")
+    base_dir = file.resolve().parent
+    specs: list[JobSpec] = []
+    for name, options in jobs_table.items():
+        checked = _check_name(name, where)
+        if not isinstance(options, dict):
+            raise ConfigurationError(f"{where}: job {name!r}: must be a table [jobs.{name}]")
+        builder = _JobBuilder(
+            checked, options, where=where, from_toml=True, base_dir=base_dir, now_us=now_us
+        )
+        specs.append(builder.build())
+    return JobsFile(
+        jobs=unique_jobs(specs, where=where),
+        path=file,
+        backend=backend,
+        namespace=namespace,
+        mode=mode,
+    )

@@ -1,0 +1,690 @@
+"""The scheduler: turns schedules into claimed slots and runs them.
+
+Every replica runs the same loop (claim mode): compute the slots that are due by the
+*store's* clock (estimated locally, enforced by the store), claim them in one round trip
+— no more than this replica has room to run — and run what it won. A slot another replica
+won is left alone; a slot refused because the job is still running follows the job's
+``overlap`` policy; slots missed while every replica was down follow ``catchup``. In
+leader mode only the holder of the leader lease runs the loop.
+
+Each run renews its lease every ``lock_at_most / 3`` from the time the request was sent;
+when renewal is refused or the local deadline passes, the run is cancelled (process group
+killed, Python task cancelled) and its late completion is refused by its fence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from fleetcron._log import log
+from fleetcron.clock import SYSTEM_CLOCK, Clock
+from fleetcron.context import RunContext
+from fleetcron.errors import ConfigurationError, FleetcronError, StoreError
+from fleetcron.executor import Cancellation, execute
+from fleetcron.jobsfile import JobSpec
+from fleetcron.lease import AsyncLease, LeaseTerms, new_holder, safety_margin_us
+from fleetcron.models import RunOutcome, RunRecord, SlotClaim
+from fleetcron.schedules import jitter_us
+from fleetcron.stores.base import AsyncStore, LedgerOperations
+
+__all__ = ["LEADER_LEASE", "Scheduler", "SchedulerOptions"]
+
+LEADER_LEASE = "fleetcron:leader"
+_LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = skip)
+_RECOVERY_EVERY_S = 2.0
+_JOBS_REFRESH_S = 5.0
+_MISSED_RECORD_LIMIT = 1_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerOptions:
+    """How one replica runs. ``concurrency`` caps the runs in flight on this replica."""
+
+    namespace: str
+    mode: str = "claim"
+    concurrency: int = 16
+    tick_s: float = 1.0
+    shutdown_grace_s: float = 30.0
+    kill_grace_s: float = 5.0
+    leader_ttl_us: int = 15_000_000
+    echo: bool = True
+    backend_url: str | None = None
+
+
+@dataclass(eq=False)
+class _Job:
+    spec: JobSpec
+    cursor_us: int
+    paused: bool = False
+    buffered: int | None = None  # buffer_one / cancel_other: the newest waiting slot
+
+
+@dataclass(eq=False)
+class _Running:
+    spec: JobSpec
+    record: RunRecord
+    cancellation: Cancellation
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Signals:
+    """Events tests (and embedders) can wait on instead of sleeping."""
+
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    leader: asyncio.Event = field(default_factory=asyncio.Event)
+    ticked: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+class Scheduler:
+    """One replica's scheduler over an :class:`~fleetcron.stores.base.AsyncStore`."""
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        jobs: Sequence[JobSpec],
+        options: SchedulerOptions,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if not hasattr(store.ops, "run_claim"):
+            raise ConfigurationError(f"the store {store.url} has no run ledger")
+        if options.mode not in ("claim", "leader"):
+            raise ConfigurationError(f"mode must be claim or leader, not {options.mode!r}")
+        if options.concurrency < 1:
+            raise ConfigurationError("concurrency must be at least 1")
+        self.store = store
+        self.ops = cast(LedgerOperations, store.ops)
+        self.specs = {spec.name: spec for spec in jobs}
+        self.options = options
+        self.clock = clock
+        self.holder = new_holder()
+        self.signals = _Signals()
+        self._jobs: dict[str, _Job] = {}
+        self._running: dict[tuple[str, int], _Running] = {}
+        self._pending: deque[SlotClaim] = deque()
+        self._catching_up: set[tuple[str, int]] = set()
+        self._retries: dict[tuple[str, int], tuple[int, int]] = {}  # → (due µs, attempt)
+        self._offset_us = 0
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
+        self._last_recovery = 0.0
+        self._last_refresh = 0.0
+
+    # -- public control ----------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop claiming; running jobs get ``shutdown_grace_s`` to finish."""
+        self._stop.set()
+
+    @property
+    def running(self) -> list[RunRecord]:
+        """Attempts in flight on this replica."""
+        return [entry.record for entry in self._running.values()]
+
+    async def run(self) -> None:
+        """Run until :meth:`stop`; then drain and return."""
+        await self._register()
+        self.signals.started.set()
+        try:
+            if self.options.mode == "leader":
+                await self._lead()
+            else:
+                await self._loop(self._stop)
+        finally:
+            await self._drain()
+
+    # -- set-up --------------------------------------------------------------------------
+    async def _sync_clock(self) -> int:
+        sent = self.clock.wall_us()
+        store_now = await self.store.run(self.ops.store_now())
+        received = self.clock.wall_us()
+        self._offset_us = store_now - (sent + received) // 2
+        return store_now
+
+    def _now(self) -> int:
+        """The store's clock, estimated locally (the store still decides every claim)."""
+        return self.clock.wall_us() + self._offset_us
+
+    async def _register(self) -> None:
+        ns = self.options.namespace
+        store_now = await self._sync_clock()
+        for spec in self.specs.values():
+            definition = json.dumps(spec.definition(), sort_keys=True)
+            before = await self.store.run(
+                self.ops.job_register(ns, spec.name, definition, spec.fingerprint())
+            )
+            if before is not None and before.fingerprint not in ("", spec.fingerprint()):
+                log.warning(
+                    "job %s is defined differently by another replica (fingerprint %s, "
+                    "here %s); the last registration wins for status displays",
+                    spec.name,
+                    before.fingerprint,
+                    spec.fingerprint(),
+                    extra={"action": "job_definition_conflict", "job": spec.name},
+                )
+            high_water = before.high_water_us if before is not None else None
+            # A job new to the fleet starts now; a known one resumes after its last slot,
+            # so slots missed while every replica was down meet the catch-up policy.
+            cursor = high_water if high_water is not None else store_now
+            self._jobs[spec.name] = _Job(
+                spec=spec, cursor_us=cursor, paused=bool(before and before.paused)
+            )
+
+    # -- leader mode -----------------------------------------------------------------------
+    async def _lead(self) -> None:
+        terms = LeaseTerms(
+            namespace=self.options.namespace,
+            name=LEADER_LEASE,
+            lock_at_most_us=self.options.leader_ttl_us,
+            lock_at_least_us=0,
+            keepalive=True,
+        )
+        while not self._stop.is_set():
+            lease = await self._try_lead(terms)
+            if lease is None:
+                await self._follow()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.options.leader_ttl_us / 3e6)
+                continue
+            log.info(
+                "leading %s (fence %d)",
+                self.options.namespace,
+                lease.fence,
+                extra={"action": "leader_elected", "fence": lease.fence},
+            )
+            self.signals.leader.set()
+            stepped_down = asyncio.Event()
+            lease.on_lost(_setter(stepped_down))
+            lease.start_keepalive()
+            until = asyncio.Event()
+            watcher = asyncio.create_task(_first_of(until, self._stop, stepped_down))
+            try:
+                await self._loop(until)
+                if stepped_down.is_set():
+                    log.error(
+                        "lost the leader lease; stepping down",
+                        extra={"action": "leader_lost", "fence": lease.fence},
+                    )
+                    self._cancel_all("leader lease lost")
+                    await self._wait_runs(self.options.kill_grace_s + 1)
+            finally:
+                watcher.cancel()
+                self.signals.leader.clear()
+                with contextlib.suppress(FleetcronError):
+                    await lease.release()  # also stops its keepalive
+
+    async def _follow(self) -> None:
+        """A standby keeps up with the leader's progress, so it takes over where the
+        leader stopped instead of walking every slot since it started."""
+        try:
+            rows = await self.store.run(self.ops.job_list(self.options.namespace))
+        except StoreError:
+            return
+        for row in rows:
+            job = self._jobs.get(row.job)
+            if job is not None and row.high_water_us is not None:
+                job.cursor_us = max(job.cursor_us, row.high_water_us)
+                job.paused = row.paused
+
+    async def _try_lead(self, terms: LeaseTerms) -> AsyncLease | None:
+        sent = self.clock.monotonic_us()
+        try:
+            record = await self.store.run(
+                self.store.ops.lease_acquire(
+                    terms.namespace, terms.name, self.holder + ":leader", terms.lock_at_most_us, 0
+                )
+            )
+        except StoreError as exc:
+            log.warning("leader election failed: %s", exc, extra={"action": "lock_failed"})
+            return None
+        if record is None:
+            return None
+        return AsyncLease(self.store, terms, record, sent_us=sent, clock=self.clock)
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _loop(self, until: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        while not until.is_set() and not self._stop.is_set():
+            try:
+                await self._tick(loop.time())
+            except StoreError as exc:
+                log.error("store unavailable: %s", exc, extra={"action": "store_unavailable"})
+            async with self.signals.ticked:
+                self.signals.ticked.notify_all()
+            await _wait_any((until, self._wake), self._sleep_s())
+            self._wake.clear()
+
+    def _sleep_s(self) -> float:
+        now = self._now()
+        soonest = now + round(self.options.tick_s * 1e6)
+        for job in self._jobs.values():
+            nxt = job.spec.schedule.next_after(job.cursor_us)
+            if nxt is not None:
+                soonest = min(soonest, nxt + jitter_us(job.spec.name, nxt, job.spec.jitter_us))
+        # A few random milliseconds past the slot: replicas wake in a different order each
+        # time, so the runs of a single job spread over them instead of going to one.
+        spread = random.uniform(0.002, 0.03)
+        return max(0.005, (soonest - now) / 1e6 + spread)
+
+    async def _tick(self, loop_time: float) -> None:
+        if loop_time - self._last_refresh >= _JOBS_REFRESH_S:
+            self._last_refresh = loop_time
+            await self._refresh_jobs()
+        now = self._now()
+        for job in self._jobs.values():
+            await self._collect(job, now)
+        self._collect_retries(now)
+        if loop_time - self._last_recovery >= _RECOVERY_EVERY_S:
+            self._last_recovery = loop_time
+            await self._recover()
+        await self._claim()
+
+    async def _refresh_jobs(self) -> None:
+        await self._sync_clock()
+        rows = await self.store.run(self.ops.job_list(self.options.namespace))
+        for row in rows:
+            job = self._jobs.get(row.job)
+            if job is not None:
+                job.paused = row.paused
+
+    async def _collect(self, job: _Job, now: int) -> None:
+        """Queue the job's due slots; record the ones catch-up gives up as ``missed``."""
+        spec = job.spec
+        due = spec.schedule.slots_between(job.cursor_us, now, limit=100_000)
+        ready = [s for s in due if s + jitter_us(spec.name, s, spec.jitter_us) <= now]
+        if not ready:
+            return
+        job.cursor_us = ready[-1]
+        on_time = [s for s in ready if now - s <= _LATE_TOLERANCE_US + spec.jitter_us]
+        late = [s for s in ready if s not in on_time]
+        take = list(on_time)
+        if late:
+            window = [s for s in late if now - s <= spec.catchup_window_us]
+            if spec.catchup == "all":
+                take = window[-spec.max_catchup :] + on_time
+            elif spec.catchup == "latest" and not on_time and window:
+                take = [window[-1]]
+        missed = [s for s in ready if s not in take]
+        for slot in missed[-_MISSED_RECORD_LIMIT:]:
+            await self.store.run(
+                self.ops.run_record(
+                    self.options.namespace,
+                    spec.name,
+                    slot,
+                    "missed",
+                    f"missed (catchup = {spec.catchup})",
+                    "schedule",
+                )
+            )
+        if missed:
+            log.warning(
+                "%s: %d slot(s) missed (catchup = %s)",
+                spec.name,
+                len(missed),
+                spec.catchup,
+                extra={"action": "slot_missed", "job": spec.name, "count": len(missed)},
+            )
+        for slot in take:
+            self._pending.append(self._claim_for(spec, slot, "schedule"))
+        # Caught-up slots run one after another, not "skipped while the previous runs".
+        self._catching_up.update((spec.name, slot) for slot in take if slot not in on_time)
+
+    def _claim_for(self, spec: JobSpec, slot: int, trigger: str) -> SlotClaim:
+        return SlotClaim(
+            job=spec.name,
+            slot_us=slot,
+            run_id=str(uuid.uuid4()),
+            exclusive=spec.overlap != "allow",
+            max_attempts=spec.retries + 1,
+            trigger=trigger,
+            least_us=spec.lock_at_least_us,
+        )
+
+    def _collect_retries(self, now: int) -> None:
+        for key, (due, _attempt) in list(self._retries.items()):
+            if due <= now:
+                del self._retries[key]
+                spec = self.specs.get(key[0])
+                if spec is not None:
+                    self._pending.append(self._claim_for(spec, key[1], "schedule"))
+
+    async def _recover(self) -> None:
+        """Pick up attempts whose holder vanished, and retries another replica left."""
+        rows = await self.store.run(self.ops.run_list(self.options.namespace, None, 200))
+        queued = {(c.job, c.slot_us) for c in self._pending}
+        for row in rows:
+            spec = self.specs.get(row.job)
+            key = (row.job, row.slot_us)
+            if spec is None or key in queued or key in self._running:
+                continue
+            stale = row.state == "running" and row.expires_us is not None
+            stale = stale and row.expires_us is not None and row.expires_us <= row.now_us
+            retry = row.state == "failed" and row.retry_at_us is not None
+            retry = retry and row.retry_at_us is not None and row.retry_at_us <= row.now_us
+            is_queued = row.state == "queued"
+            if (stale or retry or is_queued) and key not in self._retries:
+                self._pending.append(self._claim_for(spec, row.slot_us, row.trigger))
+
+    async def _claim(self) -> None:
+        # A claim refused because another replica already has the slot frees its place in
+        # the batch for the job's next waiting slot: go round until nothing moves.
+        for _ in range(20):
+            if not await self._claim_batch():
+                return
+
+    async def _claim_batch(self) -> bool:
+        """Claim one batch; whether some slot turned out taken elsewhere."""
+        room = self.options.concurrency - len(self._running)
+        if room <= 0 or not (self._pending or any(j.buffered for j in self._jobs.values())):
+            return False
+        claims: list[SlotClaim] = []
+        for job in self._jobs.values():
+            if job.buffered is not None and len(claims) < room:
+                claims.append(self._claim_for(job.spec, job.buffered, "schedule"))
+                job.buffered = None
+        # At most one exclusive claim per job per batch: the others would only find the
+        # job's lease taken by the first. They wait, in order, for the next tick.
+        exclusive = {c.job for c in claims if c.exclusive}
+        waiting: list[SlotClaim] = []
+        while self._pending and len(claims) < room:
+            claim = self._pending.popleft()
+            if claim.exclusive and claim.job in exclusive:
+                waiting.append(claim)
+                continue
+            if claim.exclusive:
+                exclusive.add(claim.job)
+            claims.append(claim)
+        self._pending.extendleft(reversed(waiting))
+        ttl_by_job = {c.job: self.specs[c.job].lock_at_most_us for c in claims}
+        # One batch per lease length, usually one batch in all.
+        claimed: list[RunRecord] = []
+        sent = self.clock.monotonic_us()
+        for ttl in sorted(set(ttl_by_job.values())):
+            batch = [c for c in claims if ttl_by_job[c.job] == ttl]
+            claimed += await self.store.run(
+                self.ops.run_claim(self.options.namespace, batch, self.holder, ttl)
+            )
+        won = {(r.job, r.slot_us) for r in claimed}
+        self._catching_up -= won
+        for record in claimed:
+            self._start(record, sent)
+        taken_elsewhere = False
+        for claim in claims:
+            if (claim.job, claim.slot_us) not in won:
+                taken_elsewhere |= await self._not_claimed(claim)
+        return taken_elsewhere and bool(self._pending)
+
+    async def _not_claimed(self, claim: SlotClaim) -> bool:
+        """Another replica has it, or the job is busy/paused: apply the policy. Returns
+        whether the slot was taken (or finished) elsewhere."""
+        ns = self.options.namespace
+        row = await self.store.run(self.ops.run_get(ns, claim.job, claim.slot_us))
+        if row is not None and row.state != "queued":
+            return True  # taken (or finished) elsewhere: exactly once, nothing to do
+        if claim.trigger != "schedule":
+            return False
+        job = self._jobs[claim.job]
+        if (claim.job, claim.slot_us) in self._catching_up and not job.paused:
+            self._pending.appendleft(claim)  # busy with the previous caught-up slot: wait
+            return False
+        if claim.slot_us > self._now():
+            self._pending.append(claim)  # our estimate ran ahead of the store's clock
+            return False
+        if job.paused:
+            await self._skip(claim, "job paused")
+            return False
+        overlap = job.spec.overlap
+        if overlap in ("buffer_one", "cancel_other"):
+            if job.buffered is not None and job.buffered != claim.slot_us:
+                await self._skip(
+                    SlotClaim(job=claim.job, slot_us=min(job.buffered, claim.slot_us), run_id=""),
+                    "superseded by a newer slot while the job was running",
+                )
+            job.buffered = max(claim.slot_us, job.buffered or 0)
+            if overlap == "cancel_other":
+                asked = await self.store.run(self.ops.run_cancel(ns, claim.job))
+                log.info(
+                    "%s: asked %d running attempt(s) to stop (overlap = cancel_other)",
+                    claim.job,
+                    asked,
+                    extra={"action": "run_cancel_requested", "job": claim.job},
+                )
+            return False
+        await self._skip(claim, "previous run still running (overlap = skip)")
+        return False
+
+    async def _skip(self, claim: SlotClaim, why: str) -> None:
+        await self.store.run(
+            self.ops.run_record(
+                self.options.namespace, claim.job, claim.slot_us, "skipped", why, "schedule"
+            )
+        )
+        log.info(
+            "%s: slot %d skipped: %s",
+            claim.job,
+            claim.slot_us,
+            why,
+            extra={"action": "slot_skipped", "job": claim.job, "slot_us": claim.slot_us},
+        )
+
+    # -- running -------------------------------------------------------------------------
+    def _start(self, record: RunRecord, sent_us: int) -> None:
+        spec = self.specs[record.job]
+        entry = _Running(spec=spec, record=record, cancellation=Cancellation())
+        self._running[(record.job, record.slot_us)] = entry
+        entry.task = asyncio.create_task(
+            self._run_one(entry, sent_us), name=f"fleetcron-run:{record.job}"
+        )
+
+    async def _run_one(self, entry: _Running, sent_us: int) -> None:
+        spec, record = entry.spec, entry.record
+        ns = self.options.namespace
+        adapter = logging.LoggerAdapter(
+            logging.getLogger(f"fleetcron.job.{spec.name}"),
+            {"job": spec.name, "slot_us": record.slot_us, "fence": record.fence},
+        )
+        ctx = RunContext(
+            job=spec.name,
+            namespace=ns,
+            slot_us=record.slot_us,
+            fence=record.fence,
+            attempt=record.attempt,
+            run_id=record.run_id,
+            trigger=record.trigger,
+            logger=adapter,
+        )
+        log.info(
+            "%s: run started (slot %d, attempt %d, fence %d)",
+            spec.name,
+            record.slot_us,
+            record.attempt,
+            record.fence,
+            extra={"action": "run_started", "job": spec.name, "fence": record.fence},
+        )
+        keeper = asyncio.create_task(self._keepalive(entry, sent_us))
+        timer = None
+        if spec.timeout_us is not None:
+            timer = asyncio.get_running_loop().call_later(
+                spec.timeout_us / 1e6, entry.cancellation.request, "timeout"
+            )
+        try:
+            outcome = await execute(
+                spec,
+                ctx,
+                entry.cancellation,
+                backend_url=self.options.backend_url,
+                kill_grace_s=self.options.kill_grace_s,
+                echo=self.options.echo,
+            )
+        except Exception as exc:  # the executor itself failed: still record it
+            outcome = RunOutcome(state="failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            keeper.cancel()
+            if timer is not None:
+                timer.cancel()
+        await self._finish(entry, outcome)
+        self._running.pop((record.job, record.slot_us), None)
+        self._wake.set()
+
+    async def _finish(self, entry: _Running, outcome: RunOutcome) -> None:
+        spec, record = entry.spec, entry.record
+        retry = outcome.state == "failed" and record.attempt <= spec.retries
+        if retry:
+            outcome = RunOutcome(
+                state=outcome.state,
+                exit_code=outcome.exit_code,
+                error=outcome.error,
+                output=outcome.output,
+                retry_after_us=spec.retry_backoff_us,
+            )
+        try:
+            accepted = await self.store.run(
+                self.ops.run_finish(
+                    self.options.namespace, spec.name, record.slot_us, record.fence, outcome
+                )
+            )
+        except StoreError as exc:
+            log.error(
+                "%s: could not record the outcome: %s",
+                spec.name,
+                exc,
+                extra={"action": "run_finish_failed", "job": spec.name},
+            )
+            return
+        if not accepted:
+            log.error(
+                "%s: outcome %s refused: fence %d is no longer current (lease lost)",
+                spec.name,
+                outcome.state,
+                record.fence,
+                extra={"action": "run_rejected", "job": spec.name, "fence": record.fence},
+            )
+            return
+        if retry:
+            due = self._now() + spec.retry_backoff_us
+            self._retries[(spec.name, record.slot_us)] = (due, record.attempt + 1)
+        level = logging.INFO if outcome.state == "succeeded" else logging.WARNING
+        log.log(
+            level,
+            "%s: run %s%s",
+            spec.name,
+            outcome.state,
+            f" ({outcome.error})" if outcome.error else "",
+            extra={
+                "action": f"run_{outcome.state}",
+                "job": spec.name,
+                "fence": record.fence,
+                "exit_code": outcome.exit_code,
+            },
+        )
+
+    async def _keepalive(self, entry: _Running, sent_us: int) -> None:
+        spec, record = entry.spec, entry.record
+        ttl = spec.lock_at_most_us
+        deadline = sent_us + ttl - safety_margin_us(ttl)
+        interval_s = ttl / 3e6
+        while True:
+            left_s = (deadline - self.clock.monotonic_us()) / 1e6
+            if left_s <= 0:
+                reason = "lease lost" if spec.keepalive else "lock_at_most elapsed"
+                log.error(
+                    "%s: %s; stopping the run",
+                    spec.name,
+                    reason,
+                    extra={"action": "lease_lost", "job": spec.name, "fence": record.fence},
+                )
+                entry.cancellation.request(reason)
+                return
+            await asyncio.sleep(min(interval_s, left_s) if spec.keepalive else left_s)
+            if not spec.keepalive or self.clock.monotonic_us() >= deadline:
+                continue
+            sent = self.clock.monotonic_us()
+            try:
+                renewed = await asyncio.wait_for(
+                    self.store.run(
+                        self.ops.run_extend(
+                            self.options.namespace, spec.name, record.slot_us, record.fence, ttl
+                        )
+                    ),
+                    max(0.001, (deadline - sent) / 1e6),
+                )
+            except (StoreError, TimeoutError) as exc:
+                log.warning(
+                    "%s: renewal failed: %s",
+                    spec.name,
+                    exc or "timed out",
+                    extra={"action": "lease_renew_failed", "job": spec.name},
+                )
+                interval_s = max(0.05, min(interval_s, (deadline - sent) / 4e6))
+                continue
+            if renewed is None:
+                deadline = 0  # refused: lost now
+                continue
+            deadline = sent + ttl - safety_margin_us(ttl)
+            interval_s = ttl / 3e6
+            if renewed.cancel_requested:
+                entry.cancellation.request("cancel requested")
+
+    def _cancel_all(self, reason: str) -> None:
+        for entry in self._running.values():
+            entry.cancellation.request(reason)
+
+    async def _wait_runs(self, timeout_s: float) -> None:
+        tasks = [e.task for e in self._running.values() if e.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+    async def _drain(self) -> None:
+        if self._running:
+            log.info(
+                "stopping: waiting up to %.0fs for %d run(s)",
+                self.options.shutdown_grace_s,
+                len(self._running),
+                extra={"action": "scheduler_draining"},
+            )
+            await self._wait_runs(self.options.shutdown_grace_s)
+        if self._running:
+            self._cancel_all("replica shutting down")
+            await self._wait_runs(self.options.kill_grace_s + 2)
+        for entry in list(self._running.values()):
+            if entry.task is not None:
+                entry.task.cancel()
+
+
+async def _wait_any(events: Sequence[asyncio.Event], timeout_s: float) -> None:
+    """Return when any of ``events`` is set, or after ``timeout_s``."""
+    if any(event.is_set() for event in events):
+        return
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+def _setter(event: asyncio.Event) -> Callable[[AsyncLease], None]:
+    def set_event(_lease: AsyncLease) -> None:
+        event.set()
+
+    return set_event
+
+
+async def _first_of(target: asyncio.Event, *events: asyncio.Event) -> None:
+    """Set ``target`` as soon as any of ``events`` is set."""
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        target.set()

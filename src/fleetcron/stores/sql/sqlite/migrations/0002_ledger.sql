@@ -1,0 +1,36 @@
+-- The run ledger: one row per (namespace, job, slot). Times are µs since the epoch.
+CREATE TABLE IF NOT EXISTS fleetcron_run (
+    namespace        TEXT    NOT NULL,
+    job              TEXT    NOT NULL,
+    slot_us          INTEGER NOT NULL,
+    state            TEXT    NOT NULL,
+    attempt          INTEGER NOT NULL,
+    fence            INTEGER NOT NULL,
+    holder           TEXT    NOT NULL,
+    run_id           TEXT    NOT NULL,
+    trigger          TEXT    NOT NULL,
+    started_us       INTEGER,
+    finished_us      INTEGER,
+    expires_us       INTEGER,
+    retry_at_us      INTEGER,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    exit_code        INTEGER,
+    error            TEXT,
+    output           TEXT,
+    PRIMARY KEY (namespace, job, slot_us)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fleetcron_run_by_slot ON fleetcron_run (namespace, slot_us);
+
+-- Jobs as the fleet knows them: definition, pause flag, progress.
+CREATE TABLE IF NOT EXISTS fleetcron_job (
+    namespace       TEXT    NOT NULL,
+    job             TEXT    NOT NULL,
+    paused          INTEGER NOT NULL DEFAULT 0,
+    definition      TEXT    NOT NULL,
+    fingerprint     TEXT    NOT NULL,
+    high_water_us   INTEGER,
+    last_success_us INTEGER,
+    last_failure_us INTEGER,
+    updated_us      INTEGER NOT NULL,
+    PRIMARY KEY (namespace, job)
+) WITHOUT ROWID;

@@ -1,0 +1,221 @@
+"""SQLite's operations: the shared SQL lease statements, and the run ledger applied in
+Python (stores/ledger.py) to rows read and written inside one ``BEGIN IMMEDIATE``
+transaction — SQLite is in-process, so several statements cost no round trips."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from fleetcron.models import (
+    PROGRESS_TRIGGERS,
+    JobRecord,
+    LeaseRecord,
+    RunOutcome,
+    RunRecord,
+    SlotClaim,
+    job_lease_name,
+)
+from fleetcron.stores.base import (
+    Operation,
+    SqlResult,
+    Statement,
+    rows_to_jobs,
+    rows_to_records,
+    rows_to_runs,
+)
+from fleetcron.stores.ledger import decide_claim, decide_extend, decide_finish, new_job
+from fleetcron.stores.sqlops import SqlLedger, SqlOperations
+
+__all__ = ["SqliteOperations"]
+
+
+class SqliteOperations(SqlOperations, SqlLedger):
+    """Every operation of the SQLite store. The store runs each one in one transaction."""
+
+    # -- reading and writing rows (inside the operation's transaction) ---------------
+    def _now(self) -> Operation[int]:
+        result: SqlResult = yield Statement("store_now")
+        return int(result.rows[0][0])
+
+    def _run(self, namespace: str, job: str, slot_us: int, now: int) -> Operation[RunRecord | None]:
+        result: SqlResult = yield Statement(
+            "run_row", {"namespace": namespace, "job": job, "slot_us": slot_us, "now": now}
+        )
+        runs = rows_to_runs(namespace, result.rows)
+        return runs[0] if runs else None
+
+    def _lease(self, namespace: str, name: str, now: int) -> Operation[LeaseRecord | None]:
+        result: SqlResult = yield Statement(
+            "lease_row", {"namespace": namespace, "name": name, "now": now}
+        )
+        leases = rows_to_records(namespace, result.rows)
+        return leases[0] if leases else None
+
+    def _job(self, namespace: str, job: str, now: int) -> Operation[JobRecord | None]:
+        result: SqlResult = yield Statement(
+            "job_row", {"namespace": namespace, "job": job, "now": now}
+        )
+        jobs = rows_to_jobs(namespace, result.rows)
+        return jobs[0] if jobs else None
+
+    @staticmethod
+    def _put_run(run: RunRecord) -> Statement:
+        row = asdict(run)
+        del row["now_us"]
+        return Statement("run_put", row)
+
+    @staticmethod
+    def _put_lease(lease: LeaseRecord) -> Statement:
+        row = asdict(lease)
+        del row["now_us"]
+        return Statement("lease_put", row)
+
+    @staticmethod
+    def _put_job(job: JobRecord) -> Statement:
+        row = asdict(job)
+        del row["now_us"]
+        return Statement("job_put", row)
+
+    def _raise_high_water(
+        self, namespace: str, job: str, slot_us: int, now: int
+    ) -> Operation[None]:
+        row = yield from self._job(namespace, job, now)
+        row = row if row is not None else new_job(namespace, job, now)
+        if row.high_water_us is None or slot_us > row.high_water_us:
+            row = JobRecord(**{**asdict(row), "high_water_us": slot_us})
+        yield self._put_job(row)
+
+    # -- the ledger ----------------------------------------------------------------------
+    def run_claim(
+        self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
+    ) -> Operation[list[RunRecord]]:
+        now = yield from self._now()
+        claimed = []
+        for claim in claims:
+            lease_name = job_lease_name(claim.job)
+            run = yield from self._run(namespace, claim.job, claim.slot_us, now)
+            lease = yield from self._lease(namespace, lease_name, now)
+            job = yield from self._job(namespace, claim.job, now)
+            decision = decide_claim(
+                namespace=namespace,
+                claim=claim,
+                holder=holder,
+                ttl_us=ttl_us,
+                now=now,
+                run=run,
+                lease=lease,
+                job=job,
+            )
+            if decision.closed is not None:
+                yield self._put_run(decision.closed)
+            if decision.run is None or decision.lease is None:
+                continue
+            new_lease = LeaseRecord(**{**asdict(decision.lease), "name": lease_name})
+            yield self._put_lease(new_lease)
+            yield self._put_run(decision.run)
+            if claim.trigger in PROGRESS_TRIGGERS:
+                yield from self._raise_high_water(namespace, claim.job, claim.slot_us, now)
+            claimed.append(decision.run)
+        return claimed
+
+    def run_extend(
+        self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int
+    ) -> Operation[RunRecord | None]:
+        now = yield from self._now()
+        run = yield from self._run(namespace, job, slot_us, now)
+        lease = yield from self._lease(namespace, job_lease_name(job), now)
+        renewed, new_lease = decide_extend(
+            run=run, lease=lease, fence=fence, ttl_us=ttl_us, now=now
+        )
+        if renewed is not None:
+            yield self._put_run(renewed)
+        if new_lease is not None:
+            yield self._put_lease(new_lease)
+        return renewed
+
+    def run_finish(
+        self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
+    ) -> Operation[bool]:
+        now = yield from self._now()
+        run = yield from self._run(namespace, job, slot_us, now)
+        lease = yield from self._lease(namespace, job_lease_name(job), now)
+        job_row = yield from self._job(namespace, job, now)
+        finished, released, updated = decide_finish(
+            run=run, lease=lease, job=job_row, fence=fence, outcome=outcome, now=now
+        )
+        if finished is None:
+            return False
+        yield self._put_run(finished)
+        if released is not None:
+            yield self._put_lease(released)
+        if updated is not None:
+            yield self._put_job(updated)
+        return True
+
+    def run_record(
+        self,
+        namespace: str,
+        job: str,
+        slot_us: int,
+        state: str,
+        error: str | None,
+        trigger: str,
+    ) -> Operation[bool]:
+        now = yield from self._now()
+        existing = yield from self._run(namespace, job, slot_us, now)
+        if existing is not None:
+            return False
+        yield self._put_run(
+            RunRecord(
+                namespace=namespace,
+                job=job,
+                slot_us=slot_us,
+                state=state,
+                attempt=0,
+                fence=0,
+                holder="",
+                run_id="",
+                trigger=trigger,
+                started_us=None,
+                finished_us=now,
+                expires_us=None,
+                retry_at_us=None,
+                cancel_requested=False,
+                exit_code=None,
+                error=error,
+                output=None,
+                now_us=now,
+            )
+        )
+        if state != "queued":  # a manual run is not schedule progress
+            yield from self._raise_high_water(namespace, job, slot_us, now)
+        return True
+
+    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
+        result: SqlResult = yield Statement("run_cancel", {"namespace": namespace, "job": job})
+        return len(result.rows)
+
+    def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
+        result: SqlResult = yield Statement(
+            "run_prune", {"namespace": namespace, "keep": keep, "older_than_us": older_than_us}
+        )
+        return len(result.rows)
+
+    def job_register(
+        self, namespace: str, job: str, definition: str, fingerprint: str
+    ) -> Operation[JobRecord | None]:
+        now = yield from self._now()
+        before = yield from self._job(namespace, job, now)
+        base = before if before is not None else new_job(namespace, job, now)
+        yield self._put_job(
+            JobRecord(
+                **{
+                    **asdict(base),
+                    "definition": definition,
+                    "fingerprint": fingerprint,
+                    "updated_us": now,
+                }
+            )
+        )
+        return before

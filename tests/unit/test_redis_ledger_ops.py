@@ -1,0 +1,602 @@
+"""The Redis run-ledger operations driven without Redis: statements out, canned replies in.
+
+What is checked is each operation's own logic: which script, on which keys (all of one
+claim under one hash tag), with which arguments, and how the script's reply maps back to
+records. The scripts themselves run against a real Redis in
+``tests/contract/test_ledger_redis.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from fleetcron.models import JobRecord, RunOutcome, RunRecord, SlotClaim, job_lease_name
+from fleetcron.stores.base import Statement, drive
+from fleetcron.stores.ledger import LOST_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.redis import (
+    _LEDGER,
+    _NOW,
+    SCRIPTS,
+    RedisOperations,
+    RedisStore,
+    _jobs_pattern,
+    _namespace_pattern,
+    _pipelined_calls,
+    job_key,
+    lease_key,
+    run_key,
+    slots_key,
+)
+
+REDIS = RedisOperations()
+NS = "ns"
+LEASE = lease_key(NS, "fleetcron:job:backup")
+JOB = job_key(NS, "backup")
+RUN = run_key(NS, "backup", 1_000)
+SLOTS = slots_key(NS, "backup")
+
+
+class FakeExecute:
+    """Records every statement and answers each with the next canned reply."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers: Iterator[Any] = iter(answers)
+        self.statements: list[Statement] = []
+
+    def __call__(self, statement: Statement) -> Any:
+        self.statements.append(statement)
+        return next(self.answers)
+
+    @property
+    def names(self) -> list[str]:
+        return [statement.name for statement in self.statements]
+
+
+def run_reply(
+    job: str = "backup",
+    slot: int = 1_000,
+    *,
+    state: str = "running",
+    cancel: bytes | None = b"0",
+    **fields: bytes | None,
+) -> list[bytes | None]:
+    """A ``run_row`` reply as redis-py returns it (bytes, nil for an absent field)."""
+    row: dict[str, bytes | None] = {
+        "job": job.encode(),
+        "slot": str(slot).encode(),
+        "state": state.encode(),
+        "attempt": b"1",
+        "fence": b"7000",
+        "holder": b"host:1:abc",
+        "run_id": b"run-1",
+        "trigger": b"schedule",
+        "started": b"7000",
+        "finished": None,
+        "expires": b"9000",
+        "retry_at": None,
+        "cancel": cancel,
+        "exit_code": None,
+        "error": None,
+        "output": None,
+        "now": b"7000",
+    }
+    row.update(fields)
+    return list(row.values())
+
+
+RUNNING = RunRecord(
+    namespace=NS,
+    job="backup",
+    slot_us=1_000,
+    state="running",
+    attempt=1,
+    fence=7_000,
+    holder="host:1:abc",
+    run_id="run-1",
+    trigger="schedule",
+    started_us=7_000,
+    finished_us=None,
+    expires_us=9_000,
+    retry_at_us=None,
+    cancel_requested=False,
+    exit_code=None,
+    error=None,
+    output=None,
+    now_us=7_000,
+)
+
+JOB_REPLY = [b"backup", b"0", b'{"cron": "@daily"}', b"fp", b"1000", None, b"800", b"500", b"7000"]
+JOB_ROW = JobRecord(
+    namespace=NS,
+    job="backup",
+    paused=False,
+    definition='{"cron": "@daily"}',
+    fingerprint="fp",
+    high_water_us=1_000,
+    last_success_us=None,
+    last_failure_us=800,
+    updated_us=500,
+    now_us=7_000,
+)
+
+
+# -- keys ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("namespace", "job"), [("ns", "backup"), ("a:b", "c}d"), ("name space", "j{x}"), ("☃", "é")]
+)
+def test_every_key_of_a_job_is_in_the_cluster_slot_of_the_job_lease(
+    namespace: str, job: str
+) -> None:
+    lease = lease_key(namespace, job_lease_name(job))
+    keys = [job_key(namespace, job), run_key(namespace, job, 42), slots_key(namespace, job)]
+
+    assert {key_slot(key.encode()) for key in keys} == {key_slot(lease.encode())}
+    assert all(key.startswith(lease) and not key.endswith("}") for key in keys)
+
+
+def test_key_layout_is_the_documented_one() -> None:
+    assert JOB == "fleetcron:{2:ns:fleetcron:job:backup}:job"
+    assert RUN == "fleetcron:{2:ns:fleetcron:job:backup}:run:1000"
+    assert SLOTS == "fleetcron:{2:ns:fleetcron:job:backup}:slots"
+
+
+def test_the_job_scan_pattern_matches_job_rows_only() -> None:
+    pattern = _jobs_pattern("a*b")
+    assert pattern == "fleetcron:{3:a\\*b:fleetcron:job:*}:job"
+
+    def matches(key: str) -> bool:  # Redis glob: \\x is a literal x, * anything
+        regex = "".join(
+            ".*" if part == "*" else re.escape(part[-1])
+            for part in re.findall(r"\\.|\*|.", pattern)
+        )
+        return re.fullmatch(regex, key) is not None
+
+    assert matches(job_key("a*b", "x")) and matches(job_key("a*b", "x}:job"))
+    assert not matches(lease_key("a*b", "fleetcron:job:x"))
+    assert not matches(run_key("a*b", "x", 1)) and not matches(slots_key("a*b", "x"))
+    assert not matches(job_key("a*bc", "x")) and not matches(job_key("a-b", "x"))
+
+
+# -- run_claim ---------------------------------------------------------------------------
+CLAIMS = [
+    SlotClaim(job="backup", slot_us=1_000, run_id="run-1"),
+    SlotClaim(
+        job="report",
+        slot_us=2_000,
+        run_id="run-2",
+        exclusive=False,
+        max_attempts=3,
+        trigger="manual",
+        least_us=50,
+    ),
+    SlotClaim(job="backup", slot_us=3_000, run_id="run-3", trigger="backfill"),
+]
+REPORT_KEYS = (
+    lease_key(NS, "fleetcron:job:report"),
+    job_key(NS, "report"),
+    run_key(NS, "report", 2_000),
+    slots_key(NS, "report"),
+)
+BACKUP_3_KEYS = (LEASE, JOB, run_key(NS, "backup", 3_000), SLOTS)
+COMMON = ("host:1:abc", 5_000, NS, LOST_ERROR)
+BACKUP_1_ARGS = (1_000, "run-1", 1, 1, "schedule", 0, "backup", "fleetcron:job:backup")
+REPORT_ARGS = (2_000, "run-2", 0, 3, "manual", 50, "report", "fleetcron:job:report")
+BACKUP_3_ARGS = (3_000, "run-3", 1, 1, "backfill", 0, "backup", "fleetcron:job:backup")
+
+
+def test_a_claim_batch_on_one_server_is_one_script_call_deciding_every_claim() -> None:
+    execute = FakeExecute([[run_reply(), False, run_reply(slot=3_000)]])
+
+    claimed = drive(REDIS.run_claim(NS, CLAIMS, "host:1:abc", 5_000), execute)
+
+    assert [(run.job, run.slot_us) for run in claimed] == [("backup", 1_000), ("backup", 3_000)]
+    assert claimed[0] == RUNNING
+    assert execute.statements == [
+        Statement(
+            "run_claim",
+            batch=(
+                {
+                    "keys": (LEASE, JOB, RUN, SLOTS, *REPORT_KEYS, *BACKUP_3_KEYS),
+                    "argv": (*COMMON, *BACKUP_1_ARGS, *REPORT_ARGS, *BACKUP_3_ARGS),
+                },
+            ),
+        )
+    ]
+
+
+def test_a_claim_batch_on_a_cluster_is_one_call_per_job_each_in_one_hash_slot() -> None:
+    cluster = RedisOperations(cluster=True)
+    execute = FakeExecute([[False, run_reply(slot=3_000)], [run_reply("report", 2_000)]])
+
+    claimed = drive(cluster.run_claim(NS, CLAIMS, "host:1:abc", 5_000), execute)
+
+    assert [(run.job, run.slot_us) for run in claimed] == [("report", 2_000), ("backup", 3_000)]
+    [statement] = execute.statements
+    assert statement.batch == (
+        {
+            "keys": (LEASE, JOB, RUN, SLOTS, *BACKUP_3_KEYS),
+            "argv": (*COMMON, *BACKUP_1_ARGS, *BACKUP_3_ARGS),
+        },
+        {"keys": REPORT_KEYS, "argv": (*COMMON, *REPORT_ARGS)},
+    )
+    for call in statement.batch:
+        keys = call["keys"]
+        assert isinstance(keys, tuple)
+        assert len({key_slot(key.encode()) for key in keys}) == 1
+
+
+def test_claimed_attempts_come_back_in_input_order_without_the_refused_ones() -> None:
+    execute = FakeExecute([[False, run_reply("b"), None, run_reply("d")]])
+    claims = [SlotClaim(job=job, slot_us=1_000, run_id=job) for job in "abcd"]
+
+    claimed = drive(REDIS.run_claim(NS, claims, "h", 1), execute)
+
+    assert [run.job for run in claimed] == ["b", "d"]
+
+
+def test_an_empty_claim_batch_asks_nothing() -> None:
+    execute = FakeExecute()
+
+    assert drive(REDIS.run_claim(NS, [], "h", 1), execute) == []
+    assert execute.statements == []
+
+
+def test_a_reclaimed_row_maps_its_note_and_every_optional_field() -> None:
+    reply = run_reply(
+        state="running",
+        attempt=b"2",
+        error=f"attempt 1 lost: {LOST_ERROR}".encode(),
+        cancel=b"1",
+        exit_code=b"-9",
+        retry_at=b"8000",
+        finished=b"7500",
+        output="naïve ☃".encode(),
+    )
+    [run] = drive(
+        REDIS.run_claim(NS, [SlotClaim(job="backup", slot_us=1, run_id="r")], "h", 1),
+        FakeExecute([[reply]]),
+    )
+
+    assert (run.attempt, run.error, run.cancel_requested) == (
+        2,
+        f"attempt 1 lost: {LOST_ERROR}",
+        True,
+    )
+    assert (run.exit_code, run.retry_at_us, run.finished_us, run.output) == (
+        -9,
+        8_000,
+        7_500,
+        "naïve ☃",
+    )
+    assert type(run.fence) is int and type(run.slot_us) is int
+
+
+# -- the other run operations ----------------------------------------------------------------
+def test_extend_binds_fence_and_length_on_the_lease_and_the_run_row() -> None:
+    execute = FakeExecute(run_reply(cancel=b"1"), False)
+
+    renewed = drive(REDIS.run_extend(NS, "backup", 1_000, 7_000, 30_000), execute)
+
+    assert renewed is not None and renewed.cancel_requested
+    assert drive(REDIS.run_extend(NS, "backup", 1_000, 6_999, 30_000), execute) is None
+    assert execute.statements[0] == Statement(
+        "run_extend", {"argv": (7_000, 30_000)}, keys=(LEASE, RUN)
+    )
+
+
+def test_finish_encodes_nulls_and_keeps_the_last_4096_characters_of_output() -> None:
+    output = "x" * 10 + "é" * OUTPUT_LIMIT
+    execute = FakeExecute(1, 0)
+    outcome = RunOutcome(state="failed", exit_code=0, error="", output=output, retry_after_us=60)
+
+    assert drive(REDIS.run_finish(NS, "backup", 1_000, 7_000, outcome), execute) is True
+    assert (
+        drive(REDIS.run_finish(NS, "backup", 1_000, 7_000, RunOutcome(state="succeeded")), execute)
+        is False
+    )
+    first, second = execute.statements
+    assert first == Statement(
+        "run_finish",
+        {"argv": (7_000, "failed", "=0", "=", "=" + "é" * OUTPUT_LIMIT, "=60", "backup")},
+        keys=(LEASE, JOB, RUN),
+    )
+    assert second.params["argv"] == (7_000, "succeeded", "", "", "", "", "backup")
+
+
+@pytest.mark.parametrize(("reply", "inserted"), [(1, True), (0, False)])
+def test_record_inserts_a_final_row_on_the_run_and_job_rows_and_the_index(
+    reply: int, inserted: bool
+) -> None:
+    execute = FakeExecute(reply, reply)
+
+    assert (
+        drive(REDIS.run_record(NS, "backup", 1_000, "missed", "late", "schedule"), execute)
+        is inserted
+    )
+    drive(REDIS.run_record(NS, "backup", 1_000, "skipped", None, "schedule"), execute)
+    assert execute.statements == [
+        Statement(
+            "run_record",
+            {"argv": (1_000, "missed", "=late", "schedule", "backup")},
+            keys=(JOB, RUN, SLOTS),
+        ),
+        Statement(
+            "run_record",
+            {"argv": (1_000, "skipped", "", "schedule", "backup")},
+            keys=(JOB, RUN, SLOTS),
+        ),
+    ]
+
+
+def test_cancel_and_get_are_one_script_each() -> None:
+    execute = FakeExecute(2, run_reply(), None)
+
+    assert drive(REDIS.run_cancel(NS, "backup"), execute) == 2
+    assert drive(REDIS.run_get(NS, "backup", 1_000), execute) == RUNNING
+    assert drive(REDIS.run_get(NS, "backup", 1_000), execute) is None
+    assert execute.statements[:2] == [
+        Statement("run_cancel", {"argv": ()}, keys=(SLOTS,)),
+        Statement("run_get", {"argv": ()}, keys=(RUN,)),
+    ]
+
+
+def test_list_of_one_job_reads_its_slot_index() -> None:
+    execute = FakeExecute([run_reply(slot=3), run_reply(slot=2)])
+
+    listed = drive(REDIS.run_list(NS, "backup", 2), execute)
+
+    assert [run.slot_us for run in listed] == [3, 2]
+    assert execute.statements == [Statement("run_list", {"argv": (2,)}, keys=(SLOTS,))]
+
+
+def test_list_of_every_job_scans_job_rows_then_merges_newest_slot_first() -> None:
+    jobs = [job_key(NS, "b"), job_key(NS, "a")]
+    execute = FakeExecute(
+        jobs,
+        [
+            [run_reply("b", 5), run_reply("b", 3), run_reply("b", 1)],
+            [run_reply("a", 5), run_reply("a", 4), run_reply("a", 2)],
+        ],
+    )
+
+    listed = drive(REDIS.run_list(NS, None, 4), execute)
+
+    assert [(run.job, run.slot_us) for run in listed] == [("a", 5), ("b", 5), ("a", 4), ("b", 3)]
+    assert execute.statements == [
+        Statement("scan", {"match": _jobs_pattern(NS)}),
+        Statement("run_list[]", {"argv": (4,)}, keys=(slots_key(NS, "b"), slots_key(NS, "a"))),
+    ]
+
+
+def test_a_list_of_no_rows_asks_nothing() -> None:
+    execute = FakeExecute()
+
+    assert drive(REDIS.run_list(NS, None, 0), execute) == []
+    assert execute.statements == []
+
+
+def test_prune_scans_job_rows_then_prunes_each_job_and_adds_up() -> None:
+    jobs = [job_key(NS, "a"), job_key(NS, "b")]
+    execute = FakeExecute(jobs, [2, 0])
+
+    assert drive(REDIS.run_prune(NS, 10, 3_600_000_000), execute) == 2
+    assert execute.statements[1] == Statement(
+        "run_prune[]",
+        {"argv": (10, 3_600_000_000)},
+        keys=(slots_key(NS, "a"), slots_key(NS, "b")),
+    )
+
+
+# -- jobs and the clock ------------------------------------------------------------------------
+def test_register_returns_the_row_as_it_was_before() -> None:
+    execute = FakeExecute(False, JOB_REPLY)
+
+    assert drive(REDIS.job_register(NS, "backup", "{}", "fp0"), execute) is None
+    assert drive(REDIS.job_register(NS, "backup", "{}", "fp1"), execute) == JOB_ROW
+    assert execute.statements[1] == Statement(
+        "job_register", {"argv": ("backup", "{}", "fp1")}, keys=(JOB,)
+    )
+
+
+@pytest.mark.parametrize(("paused", "flag"), [(True, 1), (False, 0)])
+def test_set_paused_reports_an_unknown_job(paused: bool, flag: int) -> None:
+    execute = FakeExecute(1, 0)
+
+    assert drive(REDIS.job_set_paused(NS, "backup", paused), execute) is True
+    assert drive(REDIS.job_set_paused(NS, "backup", paused), execute) is False
+    assert execute.statements[0] == Statement("job_set_paused", {"argv": (flag,)}, keys=(JOB,))
+
+
+def test_job_get_and_list() -> None:
+    paused = [b"alpha", b"1", b"{}", b"", None, None, None, b"1", b"2"]
+    execute = FakeExecute(JOB_REPLY, None, [JOB, job_key(NS, "alpha")], [JOB_REPLY, paused])
+
+    assert drive(REDIS.job_get(NS, "backup"), execute) == JOB_ROW
+    assert drive(REDIS.job_get(NS, "backup"), execute) is None
+    listed = drive(REDIS.job_list(NS), execute)
+
+    assert [(job.job, job.paused, job.high_water_us) for job in listed] == [
+        ("alpha", True, None),
+        ("backup", False, 1_000),
+    ]
+    assert execute.statements[2:] == [
+        Statement("scan", {"match": _jobs_pattern(NS)}),
+        Statement("job_get[]", {"argv": ()}, keys=(JOB, job_key(NS, "alpha"))),
+    ]
+
+
+def test_store_now_is_the_servers_time() -> None:
+    execute = FakeExecute(b"1700000000123456")
+
+    assert drive(REDIS.store_now(), execute) == 1_700_000_000_123_456
+    assert execute.statements == [Statement("store_now", {"argv": ()})]
+
+
+def test_lease_listing_skips_the_ledger_keys_of_the_namespace() -> None:
+    keys = [LEASE, JOB, RUN, SLOTS, lease_key(NS, "other")]
+    execute = FakeExecute(keys, [None, None], keys, [False, False])
+
+    drive(REDIS.lease_list(NS), execute)
+    drive(REDIS.lease_prune(NS, 1, True), execute)
+
+    assert execute.statements[0] == Statement("scan", {"match": _namespace_pattern(NS)})
+    assert execute.statements[1].keys == (LEASE, lease_key(NS, "other"))
+    assert execute.statements[3].keys == (LEASE, lease_key(NS, "other"))
+
+
+def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
+    execute = FakeExecute(
+        [[None]],  # run_claim
+        [],  # run_list of a job
+        [],  # job_list: scan
+        [],  # job_list: job_get[]
+        None,  # job_get
+        None,  # run_get
+        None,  # run_extend
+        0,  # run_finish
+        0,  # run_record
+        0,  # run_cancel
+        [],  # run_list: scan
+        [],  # run_list: run_list[]
+        0,  # job_set_paused
+        [],  # run_prune: scan
+        [],  # run_prune: run_prune[]
+        None,  # job_register
+        b"1",  # store_now
+    )
+    drive(REDIS.run_claim(NS, [SlotClaim(job="j", slot_us=1, run_id="r")], "h", 1), execute)
+    drive(REDIS.run_list(NS, "j", 1), execute)
+    drive(REDIS.job_list(NS), execute)
+    drive(REDIS.job_get(NS, "j"), execute)
+    drive(REDIS.run_get(NS, "j", 1), execute)
+    drive(REDIS.run_extend(NS, "j", 1, 1, 1), execute)
+    drive(REDIS.run_finish(NS, "j", 1, 1, RunOutcome(state="succeeded")), execute)
+    drive(REDIS.run_record(NS, "j", 1, "missed", None, "schedule"), execute)
+    drive(REDIS.run_cancel(NS, "j"), execute)
+    drive(REDIS.run_list(NS, None, 1), execute)
+    drive(REDIS.job_set_paused(NS, "j", True), execute)
+    drive(REDIS.run_prune(NS, 1, 1), execute)
+    drive(REDIS.job_register(NS, "j", "{}", ""), execute)
+    drive(REDIS.store_now(), execute)
+
+    assert len(execute.names) == 17
+    for name in execute.names:
+        assert name == "scan" or name.removesuffix("[]") in SCRIPTS, name
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_every_script_documents_its_keys_arguments_and_reply(name: str) -> None:
+    body = SCRIPTS[name].removeprefix(_NOW).removeprefix(_LEDGER).lstrip("\n")
+    header = "\n".join(re.findall(r"^--.*$", body.split("\nlocal")[0].split("\nif")[0], re.M))
+    assert "KEYS" in header and "returns" in header, name
+    if "ARGV[" in body:
+        assert "ARGV" in header, name
+
+
+# -- the runner's pipeline ---------------------------------------------------------------------
+def test_pipelined_calls_carry_their_own_or_a_shared_argv() -> None:
+    batch = Statement(
+        "run_claim", batch=({"keys": ("k1", "k2"), "argv": (1,)}, {"keys": ("k3",), "argv": (2, 3)})
+    )
+    shared = Statement("job_get[]", {"argv": (9,)}, keys=("a", "b"))
+
+    assert _pipelined_calls(batch) == [(["k1", "k2"], [1]), (["k3"], [2, 3])]
+    assert _pipelined_calls(shared) == [(["a"], [9]), (["b"], [9])]
+    assert _pipelined_calls(Statement("run_get", {"argv": ()}, keys=("a",))) is None
+
+
+class FakePipeline:
+    def __init__(self, client: FakeClient) -> None:
+        self.client = client
+        self.queued: list[tuple[Any, ...]] = []
+
+    def __enter__(self) -> FakePipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
+        self.queued.append((sha, numkeys, *keys_and_args))
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        assert raise_on_error is False
+        self.client.round_trips.append(self.queued)
+        return [
+            redis.exceptions.NoScriptError("NOSCRIPT")
+            if sha not in self.client.loaded
+            else self.client.reply(args)
+            for sha, _, *args in self.queued
+        ]
+
+
+class FakeClient:
+    def __init__(self, loaded: set[str], reply: Any = lambda args: args) -> None:
+        self.loaded = loaded
+        self.reply = reply
+        self.round_trips: list[list[tuple[Any, ...]]] = []
+
+    def pipeline(self, transaction: bool = True) -> FakePipeline:
+        assert transaction is False
+        return FakePipeline(self)
+
+    def script_load(self, script: str) -> str:
+        self.loaded.add("sha-of-" + script)
+        return "sha-of-" + script
+
+
+class FakeScript:
+    def __init__(self, sha: str, script: str) -> None:
+        self.sha, self.script = sha, script
+
+
+def _store(client: FakeClient, script: FakeScript) -> RedisStore:
+    store = object.__new__(RedisStore)
+    store._client = client  # type: ignore[assignment]
+    store._scripts = {"run_claim": script}  # type: ignore[dict-item]
+    return store
+
+
+def test_a_batch_is_one_pipeline_of_evalsha_calls_each_with_its_keys_and_arguments() -> None:
+    client = FakeClient({"sha"})
+    store = _store(client, FakeScript("sha", "lua"))
+    statement = Statement(
+        "run_claim", batch=({"keys": ("k1", "k2"), "argv": (1,)}, {"keys": ("k3",), "argv": ("x",)})
+    )
+
+    assert store._execute(statement) == [["k1", "k2", 1], ["k3", "x"]]
+    assert client.round_trips == [[("sha", 2, "k1", "k2", 1), ("sha", 1, "k3", "x")]]
+
+
+def test_calls_refused_for_an_unknown_script_are_sent_again_after_loading_it() -> None:
+    client = FakeClient(set())
+    script = FakeScript("stale", "lua")
+    store = _store(client, script)
+    statement = Statement("run_claim[]", {"argv": (1,)}, keys=("a", "b"))
+
+    assert store._execute(statement) == [["a", 1], ["b", 1]]
+    assert len(client.round_trips) == 2 and script.sha == "sha-of-lua"
+
+
+def test_an_error_reply_in_a_batch_is_raised() -> None:
+    def reply(args: list[Any]) -> Any:
+        return redis.exceptions.ResponseError("boom") if args[0] == "b" else 1
+
+    store = _store(FakeClient({"sha"}, reply), FakeScript("sha", "lua"))
+
+    with pytest.raises(redis.exceptions.ResponseError, match="boom"):
+        store._execute(Statement("run_claim[]", {"argv": ()}, keys=("a", "b")))
+
+
+def test_an_empty_batch_sends_nothing() -> None:
+    client = FakeClient({"sha"})
+    store = _store(client, FakeScript("sha", "lua"))
+
+    assert store._execute(Statement("run_claim[]", {"argv": ()}, keys=())) == []
+    assert client.round_trips == []

@@ -1,0 +1,256 @@
+"""The scheduler on the in-memory store: exactly once across replicas, and each policy.
+
+Schedules here are a few hundred milliseconds apart so a test takes about a second; the
+assertions are about the ledger, never about timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from fleetcron import Fleet
+from fleetcron.context import RunContext
+from fleetcron.errors import StoreUnavailable
+from fleetcron.jobsfile import JobSpec, job_spec
+from fleetcron.models import RunRecord
+from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+
+NS = "sched"
+
+
+def spec(name: str, func: Callable[..., Any], **options: Any) -> JobSpec:
+    options.setdefault("every", "200ms")
+    return job_spec(name, where="test", call=func, **options)
+
+
+async def run_replicas(
+    store: MemoryStore, jobs: Sequence[JobSpec], seconds: float, replicas: int = 2, **options: Any
+) -> list[Scheduler]:
+    schedulers = [
+        Scheduler(AsyncMemoryStore(store), jobs, SchedulerOptions(namespace=NS, **options))
+        for _ in range(replicas)
+    ]
+    tasks = [asyncio.create_task(s.run()) for s in schedulers]
+    await asyncio.sleep(seconds)
+    for scheduler in schedulers:
+        scheduler.stop()
+    await asyncio.gather(*tasks)
+    return schedulers
+
+
+def ledger(store: MemoryStore, job: str | None = None) -> list[RunRecord]:
+    return store.run(store.ops.run_list(NS, job, 10_000))
+
+
+async def test_every_slot_runs_exactly_once_across_three_replicas() -> None:
+    store = MemoryStore()
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def work(ctx: RunContext) -> None:
+        with lock:
+            seen.append((ctx.slot_us, ctx.fence))
+
+    await run_replicas(store, [spec("tick", work)], 1.5, replicas=3)
+
+    slots = [slot for slot, _ in seen]
+    assert len(slots) >= 4
+    assert len(slots) == len(set(slots))  # no slot ran twice
+    rows = ledger(store, "tick")
+    assert sorted(r.slot_us for r in rows if r.state == "succeeded") == sorted(slots)
+    fences = [fence for _, fence in sorted(seen)]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
+    # consecutive slots 200ms apart: nothing was skipped between the first and the last
+    assert max(slots) - min(slots) == 200_000 * (len(slots) - 1)
+
+
+async def test_a_slot_whose_previous_run_still_runs_is_recorded_as_skipped() -> None:
+    store = MemoryStore()
+
+    async def slow(ctx: RunContext) -> None:
+        await asyncio.sleep(0.5)
+
+    await run_replicas(store, [spec("slow", slow, overlap="skip")], 1.3)
+
+    states = [r.state for r in ledger(store, "slow")]
+    assert "succeeded" in states
+    assert "skipped" in states
+    skipped = [r for r in ledger(store, "slow") if r.state == "skipped"]
+    assert all("still running" in (r.error or "") for r in skipped)
+
+
+async def test_overlap_allow_runs_slots_concurrently() -> None:
+    store = MemoryStore()
+    active = 0
+    most = 0
+
+    async def slow(ctx: RunContext) -> None:
+        nonlocal active, most
+        active += 1
+        most = max(most, active)
+        await asyncio.sleep(0.5)
+        active -= 1
+
+    await run_replicas(store, [spec("wide", slow, overlap="allow")], 1.3)
+
+    assert most >= 2
+    assert "skipped" not in [r.state for r in ledger(store, "wide")]
+
+
+@pytest.mark.parametrize(
+    ("catchup", "expect_runs"),
+    [("latest", 1), ("all", 5), ("skip", 0)],
+)
+async def test_slots_missed_while_every_replica_was_down_follow_the_catchup_policy(
+    catchup: str, expect_runs: int
+) -> None:
+    store = MemoryStore()
+    job = spec("report", lambda ctx: None, every="1m", catchup=catchup, catchup_window="1h")
+    now = store.clock.wall_us()
+    last_minute = now - now % 60_000_000
+    # The fleet last handled the slot six minutes ago: five full minutes were missed
+    # (the current minute is more than a few seconds late only if we are past :05).
+    store.run(
+        store.ops.run_record(
+            NS, "report", last_minute - 5 * 60_000_000, "succeeded", None, "schedule"
+        )
+    )
+
+    await run_replicas(store, [job], 0.4, replicas=2)
+
+    rows = ledger(store, "report")
+    ran = [r for r in rows if r.state == "succeeded" and r.attempt == 1]
+    missed = [r for r in rows if r.state == "missed"]
+    on_time = now - last_minute <= 5_000_000  # the current slot may still count as on time
+    if catchup == "skip":
+        assert len(ran) == (1 if on_time else 0)
+    elif catchup == "latest":
+        assert len(ran) == 1
+    else:
+        assert len(ran) == expect_runs
+    assert len(ran) + len(missed) == 5  # every slot since the last one is accounted for
+
+
+async def test_a_failed_run_is_retried_with_the_next_attempt_and_a_higher_fence() -> None:
+    store = MemoryStore()
+    attempts: dict[int, list[tuple[int, int]]] = {}
+
+    def flaky(ctx: RunContext) -> None:
+        attempts.setdefault(ctx.slot_us, []).append((ctx.attempt, ctx.fence))
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    job = spec("flaky", flaky, every="300ms", overlap="allow", retries=1, retry_backoff="100ms")
+    await run_replicas(store, [job], 1.4)
+
+    retried = {slot: tries for slot, tries in attempts.items() if len(tries) == 2}
+    assert retried, attempts
+    for slot, ((first, fence1), (second, fence2)) in retried.items():
+        assert (first, second) == (1, 2)
+        assert fence2 > fence1
+        row = store.run(store.ops.run_get(NS, "flaky", slot))
+        assert row is not None and (row.state, row.attempt) == ("succeeded", 2)
+    assert all(len(tries) <= 2 for tries in attempts.values())  # retries = 1: two attempts
+
+
+async def test_fleet_job_decorator_runs_in_a_background_thread_until_stop() -> None:
+    store = MemoryStore()
+    fleet = Fleet(store, namespace=NS)
+    ran = threading.Event()
+
+    @fleet.job(every="200ms")
+    def ping(ctx: RunContext) -> None:
+        ran.set()
+
+    fleet.start()
+    try:
+        assert await asyncio.to_thread(ran.wait, 5)
+    finally:
+        fleet.stop()
+    assert any(r.state == "succeeded" for r in ledger(store, "ping"))
+
+
+async def test_a_paused_job_is_not_run_and_its_slots_are_recorded_as_skipped() -> None:
+    store = MemoryStore()
+    calls: list[int] = []
+    job = spec("quiet", lambda ctx: calls.append(ctx.slot_us))
+    store.run(store.ops.job_register(NS, "quiet", "{}", job.fingerprint()))
+    store.run(store.ops.job_set_paused(NS, "quiet", True))
+
+    await run_replicas(store, [job], 0.9)
+
+    assert calls == []
+    rows = ledger(store, "quiet")
+    assert rows and all(r.state == "skipped" and r.error == "job paused" for r in rows)
+
+
+async def test_a_run_past_its_timeout_is_cancelled_and_recorded_as_failed() -> None:
+    store = MemoryStore()
+
+    async def stuck(ctx: RunContext) -> None:
+        await asyncio.sleep(30)
+
+    await run_replicas(store, [spec("stuck", stuck, every="1s", timeout="200ms")], 1.6)
+
+    failed = [r for r in ledger(store, "stuck") if r.state == "failed"]
+    assert failed and all(r.error == "timed out" for r in failed)
+
+
+def test_scheduler_refuses_a_store_without_a_ledger() -> None:
+    class NoLedger:
+        url = "x://"
+        ops = object()
+
+    with pytest.raises(Exception, match="no run ledger"):
+        Scheduler(NoLedger(), [], SchedulerOptions(namespace=NS))  # type: ignore[arg-type]
+
+
+class Unplugged(AsyncMemoryStore):
+    """An async store whose connection can be cut, as for a partitioned replica."""
+
+    cut = False
+
+    async def run(self, operation: Any) -> Any:
+        if self.cut:
+            operation.close()
+            raise StoreUnavailable("connection cut by the test")
+        return await super().run(operation)
+
+
+async def test_leader_mode_runs_every_slot_on_the_leader_and_fails_over_after_its_lease() -> None:
+    store = MemoryStore()
+    ran: list[tuple[int, int]] = []
+
+    def work(ctx: RunContext) -> None:
+        ran.append((ctx.slot_us, ctx.fence))
+
+    jobs = [spec("lead", work)]
+    options = SchedulerOptions(namespace=NS, mode="leader", leader_ttl_us=600_000)
+    cut_off = Unplugged(store)
+    first = Scheduler(cut_off, jobs, options)
+    second = Scheduler(AsyncMemoryStore(store), jobs, options)
+    first_task = asyncio.create_task(first.run())
+    await asyncio.wait_for(first.signals.leader.wait(), 5)
+    second_task = asyncio.create_task(second.run())
+    await asyncio.sleep(0.8)
+    assert not second.signals.leader.is_set()  # one leader at a time
+    led_by_first = {r.slot_us for r in ledger(store, "lead")}
+    assert led_by_first
+
+    cut_off.cut = True  # the leader can no longer renew: it steps down at its deadline
+    await asyncio.wait_for(second.signals.leader.wait(), 3)  # the other takes over
+    await asyncio.sleep(0.6)
+    for scheduler in (first, second):
+        scheduler.stop()
+    await asyncio.gather(first_task, second_task)
+
+    slots = [slot for slot, _ in ran]
+    assert len(slots) == len(set(slots))  # no slot ran twice across the failover
+    holders = {r.holder for r in ledger(store, "lead") if r.state == "succeeded"}
+    assert holders == {first.holder, second.holder}
