@@ -232,11 +232,7 @@ class Lease(_LeaseBase):
             raise self._lost_error()
         sent = self.clock.monotonic_us()
         terms = self.terms
-        record = self._store.run(
-            self._store.ops.lease_extend(
-                terms.namespace, terms.name, self.holder, self.fence, terms.lock_at_most_us
-            )
-        )
+        record = self._renew_in_store()
         if record is None:
             self._declare_lost("the store refused the renewal (expired or taken over)")
             raise self._lost_error()
@@ -248,6 +244,22 @@ class Lease(_LeaseBase):
                 sent + terms.lock_at_most_us - safety_margin_us(terms.lock_at_most_us)
             )
             self._cond.notify_all()
+
+    def _renew_in_store(self) -> LeaseRecord | None:
+        """One renewal request; ``None`` when refused. (A slot's lease renews its run.)"""
+        terms = self.terms
+        return self._store.run(
+            self._store.ops.lease_extend(
+                terms.namespace, terms.name, self.holder, self.fence, terms.lock_at_most_us
+            )
+        )
+
+    def _release_in_store(self) -> bool:
+        """One release request; whether the store still knew the lease as ours."""
+        terms = self.terms
+        return self._store.run(
+            self._store.ops.lease_release(terms.namespace, terms.name, self.holder, self.fence)
+        )
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost or past its local deadline."""
@@ -271,10 +283,7 @@ class Lease(_LeaseBase):
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=5)
-        terms = self.terms
-        released = self._store.run(
-            self._store.ops.lease_release(terms.namespace, terms.name, self.holder, self.fence)
-        )
+        released = self._release_in_store()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "released %s (fence %d)",

@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from types import FrameType
+from typing import cast
 
 from fleetcron._log import log
 from fleetcron.cli.exitcodes import (
@@ -24,13 +25,26 @@ from fleetcron.cli.exitcodes import (
     EXIT_NOT_FOUND,
     EXIT_TIMEOUT,
 )
+from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError
-from fleetcron.fleet import Fleet
-from fleetcron.lease import Lease
+from fleetcron.fleet import Fleet, lease_terms
+from fleetcron.lease import Lease, new_holder
+from fleetcron.models import RunOutcome, SlotClaim, micros_to_datetime
+from fleetcron.schedules import Schedule
+from fleetcron.slot_lease import SlotLease
+from fleetcron.stores.base import LedgerOperations, SyncStore
 
-__all__ = ["ExecOptions", "child_environment", "exec_options", "option_micros", "run_exec"]
+__all__ = [
+    "ExecOptions",
+    "child_environment",
+    "exec_options",
+    "latest_slot",
+    "option_micros",
+    "run_exec",
+    "run_exec_schedule",
+]
 
 _POLL_SECONDS = 0.2
 
@@ -181,8 +195,15 @@ class _released:
             )
 
 
-def _supervise(lease: Lease, options: ExecOptions, backend_url: str | None) -> int:
-    run_id = str(uuid.uuid4())
+def _supervise(
+    lease: Lease,
+    options: ExecOptions,
+    backend_url: str | None,
+    *,
+    run_id: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> int:
+    run_id = run_id or str(uuid.uuid4())
     env = child_environment(
         os.environ,
         backend_url,
@@ -191,6 +212,7 @@ def _supervise(lease: Lease, options: ExecOptions, backend_url: str | None) -> i
             "FLEETCRON_FENCE": str(lease.fence),
             "FLEETCRON_RUN_ID": run_id,
             "FLEETCRON_NAMESPACE": lease.namespace,
+            **(extra_env or {}),
         },
     )
     # Handlers go in before the child starts, so a SIGTERM that arrives meanwhile is held
@@ -296,3 +318,120 @@ def _run_child(
         },
     )
     return status
+
+
+# A cron daemon whose clock runs a little fast fires before the store reaches the slot:
+# wait for it rather than counting the run for the previous (already run) slot.
+_EARLY_TOLERANCE_US = 10_000_000
+_LOOKBACK_US = (60, 3_600, 86_400, 8 * 86_400, 32 * 86_400, 367 * 86_400, 1_462 * 86_400)
+
+
+def latest_slot(schedule: Schedule, now_us: int) -> int | None:
+    """The latest slot of ``schedule`` at or before ``now_us`` (None if there is none)."""
+    for seconds in _LOOKBACK_US:
+        slots = schedule.slots_between(now_us - seconds * 1_000_000, now_us, limit=100_000)
+        if slots:
+            return slots[-1]
+    return None
+
+
+def run_exec_schedule(
+    store: SyncStore,
+    namespace: str,
+    options: ExecOptions,
+    schedule: Schedule,
+    backend_url: str | None,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+) -> int:
+    """``exec --schedule``: run the command for the latest slot the store's clock has
+    reached, once across every host and every duplicate trigger."""
+    if not hasattr(store.ops, "run_claim"):
+        raise ConfigurationError(f"the store {store.url} has no run ledger")
+    ledger = cast(LedgerOperations, store.ops)
+    terms = lease_terms(
+        namespace,
+        options.name,
+        lock_at_most=options.lock_at_most,
+        lock_at_least=options.lock_at_least,
+        keepalive=options.keepalive,
+    )
+    now = store.run(ledger.store_now())
+    upcoming = schedule.next_after(now)
+    if upcoming is not None and upcoming - now <= _EARLY_TOLERANCE_US:
+        time.sleep((upcoming - now) / 1e6)
+        now = store.run(ledger.store_now())
+    slot = latest_slot(schedule, now)
+    if slot is None:
+        log.info(
+            "%s: the schedule has no slot yet; nothing to run",
+            options.name,
+            extra={"action": "slot_skipped", "job": options.name},
+        )
+        return options.skipped_exit_code
+    claim = SlotClaim(
+        job=options.name,
+        slot_us=slot,
+        run_id=str(uuid.uuid4()),
+        exclusive=True,
+        max_attempts=1,
+        trigger="exec",
+        least_us=terms.lock_at_least_us,
+    )
+    sent = clock.monotonic_us()
+    claimed = store.run(ledger.run_claim(namespace, [claim], new_holder(), terms.lock_at_most_us))
+    slot_text = micros_to_datetime(slot).isoformat().replace("+00:00", "Z")
+    if not claimed:
+        log.info(
+            "%s: slot %s already ran or is running; skipped",
+            options.name,
+            slot_text,
+            extra={"action": "slot_skipped", "job": options.name, "slot_us": slot},
+        )
+        return options.skipped_exit_code
+    run = claimed[0]
+    lease = SlotLease(store, terms, run, sent_us=sent, clock=clock)
+    if terms.keepalive:
+        lease.start_keepalive()
+    status: int | None = None
+    try:
+        status = _supervise(
+            lease,
+            options,
+            backend_url,
+            run_id=run.run_id,
+            extra_env={"FLEETCRON_SLOT": slot_text, "FLEETCRON_ATTEMPT": str(run.attempt)},
+        )
+    finally:
+        lease.outcome = _slot_outcome(status, lease.cancel_requested)
+        try:
+            lease.release()
+        except Exception as error:
+            log.warning(
+                "%s: recording the outcome failed: %s",
+                options.name,
+                error,
+                extra={"action": "run_finish_failed", "job": options.name},
+            )
+    if lease.accepted is False:
+        log.error(
+            "%s: outcome refused: fence %d is no longer current (lease lost)",
+            options.name,
+            lease.fence,
+            extra={"action": "run_rejected", "job": options.name, "fence": lease.fence},
+        )
+    return status
+
+
+def _slot_outcome(status: int | None, cancel_requested: bool) -> RunOutcome:
+    if status is None:
+        return RunOutcome(state="failed", error="fleetcron exec failed before the command ended")
+    if cancel_requested:
+        return RunOutcome(state="cancelled", exit_code=status, error="cancel requested")
+    if status == EXIT_LEASE_LOST:
+        return RunOutcome(state="lost", exit_code=status, error="lease lost; command stopped")
+    if status == EXIT_TIMEOUT:
+        return RunOutcome(state="failed", exit_code=status, error="timed out")
+    if status == 0:
+        return RunOutcome(state="succeeded", exit_code=0)
+    return RunOutcome(state="failed", exit_code=status, error=f"exit status {status}")

@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         usage="fleetcron exec NAME [options] -- COMMAND [ARG...]",
     )
     exec_.add_argument("name", metavar="NAME", help="lock name shared by every replica")
+    exec_.add_argument(
+        "--schedule",
+        metavar="CRON",
+        help="join the run ledger: run once per slot of CRON across every host and trigger",
+    )
+    exec_.add_argument("--timezone", metavar="TZ", help="time zone of --schedule (default UTC)")
     exec_.add_argument("--lock-at-most", default=DEFAULT_LOCK_AT_MOST, metavar="D")
     exec_.add_argument("--lock-at-least", default="0s", metavar="D")
     exec_.add_argument(
@@ -199,13 +205,13 @@ def _print_locks(records: list[LeaseRecord], as_json: bool) -> None:
 
 def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
     if args.command == "exec":
-        from fleetcron.cli.exec import exec_options, run_exec
+        from fleetcron.cli.exec import exec_options, run_exec, run_exec_schedule
+        from fleetcron.fleet import lease_terms
+        from fleetcron.schedules import CronSchedule
 
         options = exec_options(args, command)
         namespace = _namespace(args)
         url = resolve_backend(getattr(args, "backend", None))
-        from fleetcron.fleet import lease_terms
-
         lease_terms(
             namespace,
             options.name,
@@ -213,6 +219,15 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
             lock_at_least=options.lock_at_least,
             keepalive=options.keepalive,
         )  # validate before connecting
+        if args.timezone is not None and args.schedule is None:
+            raise ConfigurationError("--timezone needs --schedule")
+        if args.schedule is not None:
+            schedule = CronSchedule(args.schedule, args.timezone or "UTC")
+            store = open_store(url)
+            try:
+                return run_exec_schedule(store, namespace, options, schedule, url.raw)
+            finally:
+                store.close()
         with Fleet(open_store(url), namespace=namespace) as fleet:
             return run_exec(fleet, options, url.raw)
     if command:
