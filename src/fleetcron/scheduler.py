@@ -361,7 +361,7 @@ class Scheduler:
         """Pick up attempts whose holder vanished, and retries another replica left."""
         rows = await self.store.run(self.ops.run_list(self.options.namespace, None, 200))
         queued = {(c.job, c.slot_us) for c in self._pending}
-        for row in rows:
+        for row in sorted(rows, key=lambda run: run.slot_us):  # oldest first: backfills in order
             spec = self.specs.get(row.job)
             key = (row.job, row.slot_us)
             if spec is None or key in queued or key in self._running:

@@ -58,6 +58,7 @@ __all__ = [
     "jitter_us",
     "parse_timezone",
     "preview",
+    "schedule_from_definition",
     "to_datetime",
     "validate_cron",
 ]
@@ -361,6 +362,21 @@ class AtSchedule:
     def definition(self) -> Mapping[str, str | int]:
         """``{"kind": "at", "moment_us": ...}``."""
         return {"kind": "at", "moment_us": self.moment_us}
+
+
+def schedule_from_definition(definition: Mapping[str, object]) -> Schedule:
+    """Rebuild a schedule from :meth:`Schedule.definition` (as registered in the store)."""
+    kind = definition.get("kind")
+    try:
+        if kind == "cron":
+            return CronSchedule(str(definition["expression"]), str(definition["timezone"]))
+        if kind == "every":
+            return EverySchedule(int(str(definition["every_us"])))
+        if kind == "at":
+            return AtSchedule(int(str(definition["moment_us"])))
+    except (KeyError, ValueError) as exc:
+        raise ConfigurationError(f"unreadable schedule definition {dict(definition)!r}") from exc
+    raise ConfigurationError(f"unknown schedule kind {kind!r}")
 
 
 def jitter_us(job: str, slot_us: int, max_jitter_us: int) -> int:

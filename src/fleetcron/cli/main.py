@@ -266,6 +266,8 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         return scheduler_cmds.run_run(args)
     if args.command == "runs":
         return scheduler_cmds.run_runs(args)
+    if args.command == "backfill":
+        return scheduler_cmds.run_backfill(args)
     if args.command == "trigger":
         return scheduler_cmds.run_trigger(args)
     if args.command in ("pause", "resume"):

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TypeVar, cast
 
 from fleetcron.durations import format_duration
@@ -17,10 +18,18 @@ from fleetcron.jobsfile import load_jobs_file
 from fleetcron.models import RunRecord, micros_to_datetime
 from fleetcron.names import validate_namespace
 from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.schedules import from_datetime, schedule_from_definition
 from fleetcron.stores import open_async_store, open_store, resolve_backend
 from fleetcron.stores.base import LedgerOperations, SyncStore
 
-__all__ = ["add_parsers", "run_pause", "run_run", "run_runs", "run_trigger"]
+__all__ = [
+    "add_parsers",
+    "run_backfill",
+    "run_pause",
+    "run_run",
+    "run_runs",
+    "run_trigger",
+]
 
 _Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
 
@@ -43,6 +52,12 @@ def add_parsers(
     run.add_argument(
         "--shutdown-grace", default="30s", metavar="D", help="time running jobs get on SIGTERM"
     )
+    run.add_argument(
+        "--leader-ttl",
+        default="15s",
+        metavar="D",
+        help="leader mode: lease length; a dead leader is replaced within about this long",
+    )
 
     runs = subparsers.add_parser("runs", parents=list(parents), help="show the run ledger")
     runs.add_argument("job", nargs="?", metavar="JOB")
@@ -53,6 +68,16 @@ def add_parsers(
         "trigger", parents=list(parents), help="run a job now, once, on one replica"
     )
     trigger.add_argument("job", metavar="JOB")
+
+    backfill = subparsers.add_parser(
+        "backfill",
+        parents=list(parents),
+        help="queue the slots of a past time range; the replicas run them one by one",
+    )
+    backfill.add_argument("job", metavar="JOB")
+    backfill.add_argument("--from", dest="start", required=True, metavar="TIME")
+    backfill.add_argument("--to", dest="end", required=True, metavar="TIME")
+    backfill.add_argument("--limit", type=int, default=1000, metavar="N")
 
     for verb in ("pause", "resume"):
         command = subparsers.add_parser(
@@ -78,8 +103,12 @@ def run_run(args: argparse.Namespace) -> int:
     grace = to_micros(args.shutdown_grace, what="--shutdown-grace")
     if grace < 0:
         raise ConfigurationError(f"--shutdown-grace must not be negative: {args.shutdown_grace!r}")
+    leader_ttl = to_micros(args.leader_ttl, what="--leader-ttl")
+    if leader_ttl < 1_000_000:
+        raise ConfigurationError(f"--leader-ttl must be at least 1s, got {args.leader_ttl!r}")
     url = resolve_backend(getattr(args, "backend", None), jobs_file.backend)
     options = SchedulerOptions(
+        leader_ttl_us=leader_ttl,
         namespace=_namespace(args, jobs_file.namespace),
         mode=args.mode or jobs_file.mode or "claim",
         concurrency=args.concurrency,
@@ -217,4 +246,55 @@ def run_trigger(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(f"{args.job}: queued a run for {_iso(slot)}")  # noqa: T201
+    return 0
+
+
+def _moment(text: str, option: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigurationError(f"{option}: {text!r} is not an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # a naive time is UTC, as slots are
+    return from_datetime(moment)
+
+
+def run_backfill(args: argparse.Namespace) -> int:
+    """``fleetcron backfill JOB --from T --to T``: queue every slot of the job's schedule
+    in [from, to] that has no ledger row yet; running replicas claim them in order."""
+    start, end = _moment(args.start, "--from"), _moment(args.end, "--to")
+    if end < start:
+        raise ConfigurationError("--to is before --from")
+    if args.limit < 1:
+        raise ConfigurationError(f"--limit must be at least 1, got {args.limit}")
+    url = resolve_backend(getattr(args, "backend", None))
+    namespace = _namespace(args, None)
+    store = open_store(url)
+    try:
+        ledger = _ledger(store)
+        job = store.run(ledger.job_get(namespace, args.job))
+        if job is None or job.definition in ("", "{}"):
+            raise ConfigurationError(
+                f"no registered job {args.job!r} in namespace {namespace!r} "
+                "(jobs register when a replica runs)"
+            )
+        schedule = schedule_from_definition(json.loads(job.definition)["schedule"])
+        now = store.run(ledger.store_now())
+        if end > now:
+            raise ConfigurationError("--to is in the future: the scheduler runs those slots")
+        slots = schedule.slots_between(start - 1, end, limit=args.limit + 1)
+        if len(slots) > args.limit:
+            raise ConfigurationError(
+                f"the range holds more than {args.limit} slots; narrow it or raise --limit"
+            )
+        queued = sum(
+            store.run(ledger.run_record(namespace, args.job, slot, "queued", None, "backfill"))
+            for slot in slots
+        )
+    finally:
+        store.close()
+    print(  # noqa: T201
+        f"{args.job}: queued {queued} of {len(slots)} slot(s) from {_iso(start)} to "
+        f"{_iso(end)}; {len(slots) - queued} already have a ledger row"
+    )
     return 0

@@ -1,0 +1,113 @@
+"""``runs``, ``pause``, ``resume``, ``trigger`` and ``backfill`` against a running replica."""
+
+from __future__ import annotations
+
+import json
+import signal
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from e2e.helpers import Cli, assert_clean_error, wait_for
+
+JOBS = """
+[fleetcron]
+namespace = "{namespace}"
+
+[jobs.beat]
+every = "1s"
+command = ["sh", "-c", "echo \\"$FLEETCRON_SLOT\\" >> {out}"]
+"""
+
+
+def done(cli: Cli, trigger: str) -> int:
+    """How many runs of ``beat`` started by ``trigger`` succeeded."""
+    return sum(r["trigger"] == trigger and r["state"] == "succeeded" for r in runs(cli))
+
+
+def runs(cli: Cli) -> list[dict[str, Any]]:
+    result = cli.run("runs", "beat", "--json", "--limit", "500")
+    assert result.returncode == 0, result.stderr
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    return rows
+
+
+def test_pause_trigger_resume_and_backfill_steer_every_replica(
+    sqlite_cli: Cli, tmp_path: Path
+) -> None:
+    out = tmp_path / "beats.txt"
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(JOBS.format(namespace=sqlite_cli.namespace, out=out))
+    started = datetime.now(UTC).replace(microsecond=0)
+    replica = sqlite_cli.spawn("run", str(jobs))
+
+    assert wait_for(lambda: any(r["state"] == "succeeded" for r in runs(sqlite_cli)), timeout=15)
+    assert sqlite_cli.run("pause", "beat").stdout.strip() == "beat: paused"
+    assert wait_for(
+        lambda: sum(r["error"] == "job paused" for r in runs(sqlite_cli)) >= 2, timeout=15
+    ), "slots due while paused are recorded as skipped"
+
+    trigger = sqlite_cli.run("trigger", "beat")
+    assert trigger.returncode == 0, trigger.stderr
+    assert wait_for(
+        lambda: any(
+            r["trigger"] == "manual" and r["state"] == "succeeded" for r in runs(sqlite_cli)
+        ),
+        timeout=15,
+    ), "a trigger runs even while paused"
+
+    assert sqlite_cli.run("resume", "beat").returncode == 0
+    resumed = len(
+        [r for r in runs(sqlite_cli) if r["trigger"] == "schedule" and r["state"] == "succeeded"]
+    )
+    assert wait_for(
+        lambda: (
+            len(
+                [
+                    r
+                    for r in runs(sqlite_cli)
+                    if r["state"] == "succeeded" and r["trigger"] == "schedule"
+                ]
+            )
+            > resumed
+        ),
+        timeout=15,
+    )
+
+    start = (started - timedelta(seconds=8)).isoformat()
+    end = (started - timedelta(seconds=4)).isoformat()
+    backfill = sqlite_cli.run("backfill", "beat", "--from", start, "--to", end)
+    assert backfill.returncode == 0, backfill.stderr
+    assert "queued 5 of 5 slot(s)" in backfill.stdout
+    assert wait_for(
+        lambda: (
+            len(
+                [
+                    r
+                    for r in runs(sqlite_cli)
+                    if r["trigger"] == "backfill" and r["state"] == "succeeded"
+                ]
+            )
+            == 5
+        ),
+        timeout=20,
+    )
+
+    replica.proc.send_signal(signal.SIGTERM)
+    assert replica.wait(timeout=40).returncode == 0
+    slots = out.read_text().splitlines()
+    assert len(slots) == len(set(slots))  # every slot, whatever started it, ran once
+
+
+def test_commands_on_unknown_jobs_and_bad_ranges_are_clear_errors(sqlite_cli: Cli) -> None:
+    assert sqlite_cli.run("runs").stdout.strip() == "no runs"
+    for argv, message in [
+        (("pause", "ghost"), "no job 'ghost'"),
+        (("resume", "ghost"), "no job 'ghost'"),
+        (("trigger", "ghost"), "no job 'ghost'"),
+        (("backfill", "ghost", "--from", "2026-01-01", "--to", "2026-01-02"), "no registered job"),
+        (("backfill", "ghost", "--from", "yesterday", "--to", "2026-01-02"), "--from"),
+        (("backfill", "ghost", "--from", "2026-01-02", "--to", "2026-01-01"), "before --from"),
+        (("runs", "--limit", "0"), "--limit"),
+    ]:
+        assert_clean_error(sqlite_cli.run(*argv), 2, message)
