@@ -144,15 +144,17 @@ class Scheduler:
 
     # -- set-up --------------------------------------------------------------------------
     async def _sync_clock(self) -> int:
-        sent = self.clock.wall_us()
+        """Read the store's clock; every decision of a tick is made on that reading."""
+        sent = self.clock.monotonic_us()
         store_now = await self.store.run(self.ops.store_now())
-        received = self.clock.wall_us()
+        received = self.clock.monotonic_us()
         self._offset_us = store_now - (sent + received) // 2
         return store_now
 
     def _now(self) -> int:
-        """The store's clock, estimated locally (the store still decides every claim)."""
-        return self.clock.wall_us() + self._offset_us
+        """The store's clock estimated between readings, for timing sleeps only. It rides
+        the monotonic clock, so a step of this host's wall clock cannot move it."""
+        return self.clock.monotonic_us() + self._offset_us
 
     async def _register(self) -> None:
         ns = self.options.namespace
@@ -279,17 +281,19 @@ class Scheduler:
         if loop_time - self._last_refresh >= _JOBS_REFRESH_S:
             self._last_refresh = loop_time
             await self._refresh_jobs()
-        now = self._now()
+        # Due, late and missed are judged by the store's clock read now — never by this
+        # host's clock, which may be wrong (a replica whose clock ran ahead must not record
+        # future slots as missed or skipped for the whole fleet).
+        now = await self._sync_clock()
         for job in self._jobs.values():
             await self._collect(job, now)
         self._collect_retries(now)
         if loop_time - self._last_recovery >= _RECOVERY_EVERY_S:
             self._last_recovery = loop_time
             await self._recover()
-        await self._claim()
+        await self._claim(now)
 
     async def _refresh_jobs(self) -> None:
-        await self._sync_clock()
         rows = await self.store.run(self.ops.job_list(self.options.namespace))
         for row in rows:
             job = self._jobs.get(row.job)
@@ -374,14 +378,14 @@ class Scheduler:
             if (stale or retry or is_queued) and key not in self._retries:
                 self._pending.append(self._claim_for(spec, row.slot_us, row.trigger))
 
-    async def _claim(self) -> None:
+    async def _claim(self, now: int) -> None:
         # A claim refused because another replica already has the slot frees its place in
         # the batch for the job's next waiting slot: go round until nothing moves.
         for _ in range(20):
-            if not await self._claim_batch():
+            if not await self._claim_batch(now):
                 return
 
-    async def _claim_batch(self) -> bool:
+    async def _claim_batch(self, now: int) -> bool:
         """Claim one batch; whether some slot turned out taken elsewhere."""
         room = self.options.concurrency - len(self._running)
         if room <= 0 or not (self._pending or any(j.buffered for j in self._jobs.values())):
@@ -420,10 +424,10 @@ class Scheduler:
         taken_elsewhere = False
         for claim in claims:
             if (claim.job, claim.slot_us) not in won:
-                taken_elsewhere |= await self._not_claimed(claim)
+                taken_elsewhere |= await self._not_claimed(claim, now)
         return taken_elsewhere and bool(self._pending)
 
-    async def _not_claimed(self, claim: SlotClaim) -> bool:
+    async def _not_claimed(self, claim: SlotClaim, now: int) -> bool:
         """Another replica has it, or the job is busy/paused: apply the policy. Returns
         whether the slot was taken (or finished) elsewhere."""
         ns = self.options.namespace
@@ -436,8 +440,8 @@ class Scheduler:
         if (claim.job, claim.slot_us) in self._catching_up and not job.paused:
             self._pending.appendleft(claim)  # busy with the previous caught-up slot: wait
             return False
-        if claim.slot_us > self._now():
-            self._pending.append(claim)  # our estimate ran ahead of the store's clock
+        if claim.slot_us > now:
+            self._pending.append(claim)  # not due by the store's clock yet: later
             return False
         if job.paused:
             await self._skip(claim, "job paused")

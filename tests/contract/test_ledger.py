@@ -1272,3 +1272,12 @@ def test_store_now_is_the_clock_the_records_carry(ledger: Ledger) -> None:
     assert second <= row.now_us <= third
     assert third <= job.now_us <= fourth
     assert fourth - first < 10 * SECOND
+
+
+def test_no_row_is_ever_recorded_for_a_slot_the_store_clock_has_not_reached(
+    ledger: Ledger,
+) -> None:
+    future = ledger.now() + 60 * SECOND
+    for state in ("skipped", "missed", "queued"):
+        assert not ledger.record("job", future, state)
+    assert ledger.get("job", future) is None

@@ -244,7 +244,7 @@ class _MemoryLedger:
 
         def step(store: _State, now: int) -> bool:
             key = (namespace, job, slot_us)
-            if key in store.runs:
+            if key in store.runs or slot_us > now:  # never a row for a slot not yet due
                 return False
             store.runs[key] = RunRecord(
                 namespace=namespace,

@@ -326,7 +326,8 @@ RUN_RECORD = (
 -- KEYS[1] job row, KEYS[2] run row, KEYS[3] slot index
 -- ARGV: slot_us, state, error?, trigger, job
 -- returns 1 when the final row was inserted, 0 when the slot has a row (never overwritten)
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+-- or the slot is later than TIME (never a row for a slot not yet due)
+if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) > now then return 0 end
 redis.call('HSET', KEYS[2], 'job', ARGV[5], 'slot', ARGV[1], 'state', ARGV[2],
            'attempt', '0', 'fence', '0', 'holder', '', 'run_id', '', 'trigger', ARGV[4],
            'finished', s(now), 'cancel', '0')

@@ -163,6 +163,8 @@ class SqliteOperations(SqlOperations, SqlLedger):
         trigger: str,
     ) -> Operation[bool]:
         now = yield from self._now()
+        if slot_us > now:  # never a row for a slot the store's clock has not reached
+            return False
         existing = yield from self._run(namespace, job, slot_us, now)
         if existing is not None:
             return False

@@ -288,6 +288,8 @@ SELECT @fc_ok > 0;
 -- Insert a final row where the slot has none (never overwrites); move the high-water mark.
 START TRANSACTION;
 SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)), @fc_have = 0;
+-- never a row for a slot the store's clock has not reached: treat it as taken
+SET @fc_have = IF(%(slot_us)s > @fc_now, 1, 0);
 INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, updated_us)
 VALUES (%(namespace)s, %(job)s, FALSE, '{}', '', @fc_now)
 ON DUPLICATE KEY UPDATE updated_us = updated_us;

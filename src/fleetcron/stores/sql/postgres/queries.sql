@@ -147,6 +147,7 @@ ins AS (
     SELECT %(namespace)s, %(job)s, %(slot_us)s, %(state)s, 0, 0, '', '', %(trigger)s,
            NULL, now.us, NULL, NULL, false, NULL, %(error)s::text, NULL
       FROM now
+     WHERE %(slot_us)s <= now.us  -- never a row for a slot the clock has not reached
     ON CONFLICT (namespace, job, slot_us) DO NOTHING
     RETURNING slot_us
 ),
