@@ -7,6 +7,7 @@ assertions are about the ledger, never about timings.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,8 @@ def spec(name: str, func: Callable[..., Any], **options: Any) -> JobSpec:
 async def run_replicas(
     store: MemoryStore, jobs: Sequence[JobSpec], seconds: float, replicas: int = 2, **options: Any
 ) -> list[Scheduler]:
+    options.setdefault("shutdown_grace_s", 1.0)
+    options.setdefault("kill_grace_s", 0.5)
     schedulers = [
         Scheduler(AsyncMemoryStore(store), jobs, SchedulerOptions(namespace=NS, **options))
         for _ in range(replicas)
@@ -254,3 +257,41 @@ async def test_leader_mode_runs_every_slot_on_the_leader_and_fails_over_after_it
     assert len(slots) == len(set(slots))  # no slot ran twice across the failover
     holders = {r.holder for r in ledger(store, "lead") if r.state == "succeeded"}
     assert holders == {first.holder, second.holder}
+
+
+async def test_buffer_one_runs_the_newest_waiting_slot_after_the_running_one() -> None:
+    store = MemoryStore()
+    starts: list[int] = []
+
+    async def slow(ctx: RunContext) -> None:
+        starts.append(ctx.slot_us)
+        await asyncio.sleep(0.5)
+
+    await run_replicas(store, [spec("buffered", slow, overlap="buffer_one")], 1.6)
+
+    rows = ledger(store, "buffered")
+    done = sorted((r for r in rows if r.state == "succeeded"), key=lambda r: r.slot_us)
+    assert len(done) >= 2
+    assert [r.slot_us for r in done] == sorted(starts)[: len(done)]
+    # A buffered slot starts when the previous run ends, never alongside it.
+    for before, after in itertools.pairwise(done):
+        assert after.started_us is not None and before.finished_us is not None
+        assert after.started_us >= before.finished_us
+    superseded = [r for r in rows if r.state == "skipped"]
+    assert all("superseded" in (r.error or "") for r in superseded)
+
+
+async def test_cancel_other_stops_the_running_attempt_for_the_new_slot() -> None:
+    store = MemoryStore()
+
+    async def endless(ctx: RunContext) -> None:
+        await asyncio.sleep(30)
+
+    job = spec("preempt", endless, every="1s", overlap="cancel_other", lock_at_most="900ms")
+    await run_replicas(store, [job], 2.6)
+
+    rows = ledger(store, "preempt")
+    reasons = [r.error for r in rows if r.state == "cancelled"]
+    assert "cancel requested" in reasons, [(r.state, r.error) for r in rows]
+    # the last one is stopped by the test's shutdown, not by a newer slot
+    assert set(reasons) <= {"cancel requested", "replica shutting down"}

@@ -20,6 +20,7 @@ __all__ = [
     "decide_extend",
     "decide_finish",
     "new_job",
+    "recorded_run",
 ]
 
 LOST_ERROR = "the holder's lease expired without an outcome"
@@ -48,6 +49,40 @@ def new_job(namespace: str, job: str, now: int) -> JobRecord:
         last_success_us=None,
         last_failure_us=None,
         updated_us=now,
+        now_us=now,
+    )
+
+
+def recorded_run(
+    *,
+    namespace: str,
+    job: str,
+    slot_us: int,
+    state: str,
+    error: str | None,
+    trigger: str,
+    now: int,
+) -> RunRecord:
+    """The row ``run_record`` inserts: a slot's outcome without an attempt (skipped, missed)
+    or a slot waiting to be claimed (queued)."""
+    return RunRecord(
+        namespace=namespace,
+        job=job,
+        slot_us=slot_us,
+        state=state,
+        attempt=0,
+        fence=0,
+        holder="",
+        run_id="",
+        trigger=trigger,
+        started_us=None,
+        finished_us=now,
+        expires_us=None,
+        retry_at_us=None,
+        cancel_requested=False,
+        exit_code=None,
+        error=error,
+        output=None,
         now_us=now,
     )
 

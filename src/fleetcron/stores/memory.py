@@ -23,7 +23,13 @@ from fleetcron.models import (
     job_lease_name,
 )
 from fleetcron.stores.base import Capability, Operation, Statement, drive
-from fleetcron.stores.ledger import decide_claim, decide_extend, decide_finish, new_job
+from fleetcron.stores.ledger import (
+    decide_claim,
+    decide_extend,
+    decide_finish,
+    new_job,
+    recorded_run,
+)
 
 __all__ = ["AsyncMemoryStore", "MemoryOperations", "MemoryStore"]
 
@@ -246,25 +252,14 @@ class _MemoryLedger:
             key = (namespace, job, slot_us)
             if key in store.runs or slot_us > now:  # never a row for a slot not yet due
                 return False
-            store.runs[key] = RunRecord(
+            store.runs[key] = recorded_run(
                 namespace=namespace,
                 job=job,
                 slot_us=slot_us,
                 state=final_state,
-                attempt=0,
-                fence=0,
-                holder="",
-                run_id="",
-                trigger=trigger,
-                started_us=None,
-                finished_us=now,
-                expires_us=None,
-                retry_at_us=None,
-                cancel_requested=False,
-                exit_code=None,
                 error=error,
-                output=None,
-                now_us=now,
+                trigger=trigger,
+                now=now,
             )
             if final_state != "queued":  # a manual run is not schedule progress
                 _raise_high_water(store, namespace, job, slot_us, now)

@@ -24,7 +24,13 @@ from fleetcron.stores.base import (
     rows_to_records,
     rows_to_runs,
 )
-from fleetcron.stores.ledger import decide_claim, decide_extend, decide_finish, new_job
+from fleetcron.stores.ledger import (
+    decide_claim,
+    decide_extend,
+    decide_finish,
+    new_job,
+    recorded_run,
+)
 from fleetcron.stores.sqlops import SqlLedger, SqlOperations
 
 __all__ = ["SqliteOperations"]
@@ -169,25 +175,14 @@ class SqliteOperations(SqlOperations, SqlLedger):
         if existing is not None:
             return False
         yield self._put_run(
-            RunRecord(
+            recorded_run(
                 namespace=namespace,
                 job=job,
                 slot_us=slot_us,
                 state=state,
-                attempt=0,
-                fence=0,
-                holder="",
-                run_id="",
-                trigger=trigger,
-                started_us=None,
-                finished_us=now,
-                expires_us=None,
-                retry_at_us=None,
-                cancel_requested=False,
-                exit_code=None,
                 error=error,
-                output=None,
-                now_us=now,
+                trigger=trigger,
+                now=now,
             )
         )
         if state != "queued":  # a manual run is not schedule progress
