@@ -362,21 +362,16 @@ class Scheduler:
                     self._pending.append(self._claim_for(spec, key[1], "schedule"))
 
     async def _recover(self) -> None:
-        """Pick up attempts whose holder vanished, and retries another replica left."""
-        rows = await self.store.run(self.ops.run_list(self.options.namespace, None, 200))
-        queued = {(c.job, c.slot_us) for c in self._pending}
-        for row in sorted(rows, key=lambda run: run.slot_us):  # oldest first: backfills in order
+        """Pick up what the ledger says is due again: attempts whose holder vanished,
+        retries another replica left, and queued runs (trigger, backfill) — oldest first."""
+        rows = await self.store.run(self.ops.run_due(self.options.namespace, 200))
+        waiting = {(c.job, c.slot_us) for c in self._pending}
+        for row in rows:
             spec = self.specs.get(row.job)
             key = (row.job, row.slot_us)
-            if spec is None or key in queued or key in self._running:
+            if spec is None or key in waiting or key in self._running or key in self._retries:
                 continue
-            stale = row.state == "running" and row.expires_us is not None
-            stale = stale and row.expires_us is not None and row.expires_us <= row.now_us
-            retry = row.state == "failed" and row.retry_at_us is not None
-            retry = retry and row.retry_at_us is not None and row.retry_at_us <= row.now_us
-            is_queued = row.state == "queued"
-            if (stale or retry or is_queued) and key not in self._retries:
-                self._pending.append(self._claim_for(spec, row.slot_us, row.trigger))
+            self._pending.append(self._claim_for(spec, row.slot_us, row.trigger))
 
     async def _claim(self, now: int) -> None:
         # A claim refused because another replica already has the slot frees its place in

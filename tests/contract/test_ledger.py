@@ -1281,3 +1281,27 @@ def test_no_row_is_ever_recorded_for_a_slot_the_store_clock_has_not_reached(
     for state in ("skipped", "missed", "queued"):
         assert not ledger.record("job", future, state)
     assert ledger.get("job", future) is None
+
+
+def test_run_due_lists_what_to_claim_again_oldest_first_however_old(ledger: Ledger) -> None:
+    slots = ledger.past_slots(6)
+    expired = ledger.must_claim("a", slots[0], ttl_us=SHORT)
+    assert ledger.record("a", slots[1], "queued", trigger="manual")
+    failed = ledger.must_claim("b", slots[2], max_attempts=2, exclusive=False)
+    assert ledger.finish(failed, "failed", retry_after_us=1)
+    done = ledger.must_claim("b", slots[3], exclusive=False)
+    assert ledger.finish(done)
+    ledger.must_claim("c", slots[4])  # running and valid: not due
+    assert ledger.record("c", slots[5], "missed")  # final: never due
+    ledger.wait_until((expired.expires_us or 0) + 1)
+
+    due = ledger.store.run(ledger.ops.run_due(ledger.namespace, 10))
+
+    assert [(r.job, r.slot_us, r.state) for r in due] == [
+        ("a", slots[0], "running"),
+        ("a", slots[1], "queued"),
+        ("b", slots[2], "failed"),
+    ]
+    assert [r.slot_us for r in ledger.store.run(ledger.ops.run_due(ledger.namespace, 1))] == [
+        slots[0]
+    ]

@@ -183,6 +183,11 @@ class LedgerOperations(Protocol):
         """The ledger row of one slot."""
         ...
 
+    def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
+        """Rows to claim now, oldest slot first: queued, running with an expired lease,
+        failed with a retry that has come."""
+        ...
+
     def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
         """Ledger rows, newest slot first."""
         ...

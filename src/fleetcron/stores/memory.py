@@ -281,6 +281,19 @@ class _MemoryLedger:
         result: int = yield _step(step)
         return result
 
+    def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
+        def step(state: _State, now: int) -> list[RunRecord]:
+            rows = [
+                replace(run, now_us=now)
+                for (ns, _, _), run in state.runs.items()
+                if ns == namespace and _due(run, now)
+            ]
+            rows.sort(key=lambda run: (run.slot_us, run.job))
+            return rows[:limit]
+
+        result: list[RunRecord] = yield _step(step)
+        return result
+
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         def step(state: _State, now: int) -> RunRecord | None:
             run = state.runs.get((namespace, job, slot_us))
@@ -366,6 +379,14 @@ class _MemoryLedger:
 
 class MemoryOperations(_MemoryLeases, _MemoryLedger):
     """Every operation of the in-memory store."""
+
+
+def _due(run: RunRecord, now: int) -> bool:
+    if run.state == "queued":
+        return True
+    if run.state == "running":
+        return run.expires_us is not None and run.expires_us <= now
+    return run.state == "failed" and run.retry_at_us is not None and run.retry_at_us <= now
 
 
 def _raise_high_water(state: _State, namespace: str, job: str, slot_us: int, now: int) -> None:

@@ -383,6 +383,29 @@ return rows
 """
 )
 
+RUN_DUE = (
+    _NOW
+    + _LEDGER
+    + """
+-- KEYS[1] slot index; ARGV: limit (> 0)
+-- returns up to limit rows of the job to claim now, oldest slot first: queued, running
+-- with an expired lease, failed with a retry that has come (TIME decides)
+local rows = {}
+for _, slot in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local key = run_key_of(slot)
+  local run = redis.call('HMGET', key, 'state', 'expires', 'retry_at')
+  local due = run[1] == 'queued'
+    or (run[1] == 'running' and run[2] and tonumber(run[2]) <= now)
+    or (run[1] == 'failed' and run[3] and tonumber(run[3]) <= now)
+  if due then
+    rows[#rows + 1] = run_row(key)
+    if #rows >= tonumber(ARGV[1]) then break end
+  end
+end
+return rows
+"""
+)
+
 RUN_PRUNE = (
     _NOW
     + _LEDGER
@@ -464,6 +487,7 @@ SCRIPTS = {
     "run_cancel": RUN_CANCEL,
     "run_get": RUN_GET,
     "run_list": RUN_LIST,
+    "run_due": RUN_DUE,
     "run_prune": RUN_PRUNE,
     "job_register": JOB_REGISTER,
     "job_set_paused": JOB_SET_PAUSED,
@@ -780,6 +804,17 @@ class _RedisLedger:
         )
         rows = [_run(namespace, row) for reply in replies for row in reply]
         rows.sort(key=lambda run: (-run.slot_us, run.job))
+        return rows[:limit]
+
+    def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
+        if limit <= 0:
+            return []
+        keys = yield Statement("scan", {"match": _jobs_pattern(namespace)})
+        replies = yield Statement(
+            "run_due[]", {"argv": (limit,)}, keys=tuple(_slots_of(key) for key in keys)
+        )
+        rows = [_run(namespace, row) for reply in replies for row in reply]
+        rows.sort(key=lambda run: (run.slot_us, run.job))
         return rows[:limit]
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:

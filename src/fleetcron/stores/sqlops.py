@@ -303,6 +303,10 @@ class SqlLedger:
         result: SqlResult = yield Statement("run_cancel", {"namespace": namespace, "job": job})
         return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
 
+    def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
+        result: SqlResult = yield Statement("run_due", {"namespace": namespace, "limit": limit})
+        return rows_to_runs(namespace, result.rows)
+
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         result: SqlResult = yield Statement(
             "run_get", {"namespace": namespace, "job": job, "slot_us": slot_us}

@@ -391,3 +391,19 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
   FROM fleetcron_job
  WHERE namespace = %(namespace)s
  ORDER BY job;
+
+-- name: run_due
+-- Rows a replica should claim now, oldest slot first: queued (trigger, backfill), running
+-- with an expired lease (holder vanished), failed with a retry that has come.
+SET @fc_due_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       @fc_due_now
+  FROM fleetcron_run
+ WHERE namespace = %(namespace)s
+   AND state IN ('queued', 'running', 'failed')
+   AND (state = 'queued'
+        OR (state = 'running' AND expires_us <= @fc_due_now)
+        OR (state = 'failed' AND retry_at_us <= @fc_due_now))
+ ORDER BY slot_us, job
+ LIMIT %(limit)s;

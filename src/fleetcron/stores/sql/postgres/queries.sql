@@ -233,3 +233,19 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
   FROM fleetcron_job
  WHERE namespace = %(namespace)s
  ORDER BY job COLLATE "C";
+
+-- name: run_due
+-- Rows a replica should claim now, oldest slot first: queued (trigger, backfill), running
+-- with an expired lease (holder vanished), failed with a retry that has come.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       now.us
+  FROM fleetcron_run, now
+ WHERE namespace = %(namespace)s
+   AND state IN ('queued', 'running', 'failed')
+   AND (state = 'queued'
+        OR (state = 'running' AND expires_us <= now.us)
+        OR (state = 'failed' AND retry_at_us <= now.us))
+ ORDER BY slot_us, job COLLATE "C"
+ LIMIT %(limit)s;

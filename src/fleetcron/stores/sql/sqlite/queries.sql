@@ -200,3 +200,18 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
   FROM fleetcron_job
  WHERE namespace = :namespace
  ORDER BY job;
+
+-- name: run_due
+-- Rows a replica should claim now, oldest slot first: queued (trigger, backfill), running
+-- with an expired lease (holder vanished), failed with a retry that has come.
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output, t
+  FROM fleetcron_run, now
+ WHERE namespace = :namespace
+   AND state IN ('queued', 'running', 'failed')
+   AND (state = 'queued'
+        OR (state = 'running' AND expires_us <= t)
+        OR (state = 'failed' AND retry_at_us <= t))
+ ORDER BY slot_us, job
+ LIMIT :limit;
