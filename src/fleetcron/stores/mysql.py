@@ -113,51 +113,16 @@ class MysqlStore(SqlSyncStore):
         return pymysql.connect(**self._args)
 
     def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
-        rows: list[tuple[Any, ...]] = []
-        rowcount = 0
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, params or None)
-                while True:
-                    if cur.description is not None:
-                        rows = list(cur.fetchall())
-                    else:
-                        rowcount = cur.rowcount
-                    if not cur.nextset():
-                        break
-        except pymysql.err.MySQLError:
-            # A block that opened a transaction (prune) must not leave it open on failure.
-            try:
-                conn.rollback()
-            except pymysql.err.MySQLError:
-                pass
-            raise
-        return SqlResult(rows=rows, rowcount=rowcount)
+        with conn.cursor() as cur:
+            sets, rowcount = _result_sets(conn, cur, cur.mogrify(sql, params or None))
+        return SqlResult(rows=sets[-1].rows if sets else [], rowcount=rowcount)
 
     def _execute_batch(
         self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
     ) -> list[SqlResult]:
-        # Every result set that has columns, in order: each block returns exactly one.
-        results: list[SqlResult] = []
-        rowcount = 0
-        try:
-            with conn.cursor() as cur:
-                cur.execute(batch_text(cur, sql, batch))
-                while True:
-                    if cur.description is not None:
-                        results.append(SqlResult(rows=list(cur.fetchall()), rowcount=rowcount))
-                    else:
-                        rowcount = cur.rowcount
-                    if not cur.nextset():
-                        break
-        except pymysql.err.MySQLError:
-            # A block stopped by an error leaves its transaction open: never commit it later.
-            try:
-                conn.rollback()
-            except pymysql.err.MySQLError:
-                pass
-            raise
-        return split_results(results, len(batch))
+        with conn.cursor() as cur:
+            sets, _ = _result_sets(conn, cur, batch_text(cur, sql, batch))
+        return split_results(sets, len(batch))
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:
         return translate(exc)
@@ -185,3 +150,27 @@ class MysqlStore(SqlSyncStore):
             assert error is not None
             raise error from exc
         return applied
+
+
+def _result_sets(conn: Any, cur: Any, text: str) -> tuple[list[SqlResult], int]:
+    """Run a (multi-statement) text in one round trip: every result set that has columns, in
+    order, each with the matched count of the statement before it, and the last DML's count.
+    On an error the transaction a block opened is rolled back, never left for a commit."""
+    sets: list[SqlResult] = []
+    rowcount = 0
+    try:
+        cur.execute(text)
+        while True:
+            if cur.description is not None:
+                sets.append(SqlResult(rows=list(cur.fetchall()), rowcount=rowcount))
+            else:
+                rowcount = cur.rowcount
+            if not cur.nextset():
+                break
+    except pymysql.err.MySQLError:
+        try:
+            conn.rollback()
+        except pymysql.err.MySQLError:
+            pass
+        raise
+    return sets, rowcount
