@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 from e2e.helpers import CROSS_PROCESS_BACKENDS, Cli, read_when_written, wait_for
@@ -32,7 +31,6 @@ def test_after_sigkill_others_skip_until_expiry_then_run_with_a_higher_fence(
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()
     os.killpg(pgid, signal.SIGKILL)  # the command leads its own session
-    killed = time.monotonic()
 
     marker = tmp_path / "marker"
     skipped = cli.run(
@@ -42,9 +40,11 @@ def test_after_sigkill_others_skip_until_expiry_then_run_with_a_higher_fence(
     assert not marker.exists(), "ran while the dead holder's lease was still valid"
     still = cli.held("sweep")
     assert still is not None and still["fence"] == first_fence, "skip was not before expiry"
+    # By the store's clock the dead holder's lease ends at most --lock-at-most after its last
+    # renewal (a timing bound measured here would only measure how loaded the machine is).
+    assert still["expires_in_s"] <= 2.0, "the lease outlives --lock-at-most"
 
     wait_for(lambda: cli.held("sweep") is None, timeout=5, what="the dead holder's lease to expire")
-    assert time.monotonic() - killed < 2.5, "the lease outlived --lock-at-most"
     taken = cli.run(
         "exec", "sweep", "--lock-at-most", "2s", "--", "sh", "-c", REPORT_FENCE, "sh", str(marker)
     )
