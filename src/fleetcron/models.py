@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 __all__ = [
+    "CLAIM_STATUSES",
     "FINAL_STATES",
     "PROGRESS_TRIGGERS",
     "RUN_STATES",
     "TRIGGERS",
+    "ClaimResult",
     "JobRecord",
     "LeaseRecord",
     "RunOutcome",
@@ -90,7 +92,9 @@ class SlotClaim:
 
     ``exclusive``: the job's lease must be free and is taken (overlap ``skip``,
     ``buffer_one``, ``cancel_other``); otherwise only the job's fence counter moves
-    (``allow``). ``max_attempts`` is ``1 + retries``.
+    (``allow``). ``max_attempts`` is ``1 + retries``. ``deadline_us``: the store time by
+    which a first attempt must start; past it, a slot with no row is recorded as
+    ``missed`` instead of claimed (``None``: no deadline).
     """
 
     job: str
@@ -100,6 +104,26 @@ class SlotClaim:
     max_attempts: int = 1
     trigger: str = "schedule"
     least_us: int = 0
+    deadline_us: int | None = None
+
+
+CLAIM_STATUSES = ("claimed", "not_due", "paused", "taken", "missed", "busy")
+"""What a slot claim answers: ``claimed``; ``not_due`` (the store's clock has not reached
+the slot); ``paused`` (a paused job's schedule); ``taken`` (the slot has a row that cannot
+be claimed: running elsewhere, or final); ``missed`` (the slot had no row and its
+deadline had passed: it is now recorded as ``missed``); ``busy`` (the slot could run but
+the job's lease is held by another attempt)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimResult:
+    """The answer to one :class:`SlotClaim`: ``run`` is the claimed attempt when
+    ``status`` is ``claimed``, else ``None``; ``status`` is one of :data:`CLAIM_STATUSES`."""
+
+    job: str
+    slot_us: int
+    status: str
+    run: RunRecord | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,7 +32,7 @@ from fleetcron.errors import ConfigurationError, FleetcronError, StoreError
 from fleetcron.executor import Cancellation, execute
 from fleetcron.jobsfile import JobSpec
 from fleetcron.lease import AsyncLease, LeaseTerms, new_holder, safety_margin_us
-from fleetcron.models import RunOutcome, RunRecord, SlotClaim
+from fleetcron.models import ClaimResult, RunOutcome, RunRecord, SlotClaim
 from fleetcron.schedules import jitter_us
 from fleetcron.stores.base import AsyncStore, LedgerOperations
 
@@ -41,7 +41,6 @@ __all__ = ["LEADER_LEASE", "Scheduler", "SchedulerOptions"]
 LEADER_LEASE = "fleetcron:leader"
 _LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = skip)
 _RECOVERY_EVERY_S = 2.0
-_JOBS_REFRESH_S = 5.0
 _MISSED_RECORD_LIMIT = 1_000
 
 
@@ -64,7 +63,6 @@ class SchedulerOptions:
 class _Job:
     spec: JobSpec
     cursor_us: int
-    paused: bool = False
     buffered: int | None = None  # buffer_one / cancel_other: the newest waiting slot
 
 
@@ -118,7 +116,6 @@ class Scheduler:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
         self._last_recovery = 0.0
-        self._last_refresh = 0.0
 
     # -- public control ----------------------------------------------------------------
     def stop(self) -> None:
@@ -177,9 +174,7 @@ class Scheduler:
             # A job new to the fleet starts now; a known one resumes after its last slot,
             # so slots missed while every replica was down meet the catch-up policy.
             cursor = high_water if high_water is not None else store_now
-            self._jobs[spec.name] = _Job(
-                spec=spec, cursor_us=cursor, paused=bool(before and before.paused)
-            )
+            self._jobs[spec.name] = _Job(spec=spec, cursor_us=cursor)
 
     # -- leader mode -----------------------------------------------------------------------
     async def _lead(self) -> None:
@@ -235,7 +230,6 @@ class Scheduler:
             job = self._jobs.get(row.job)
             if job is not None and row.high_water_us is not None:
                 job.cursor_us = max(job.cursor_us, row.high_water_us)
-                job.paused = row.paused
 
     async def _try_lead(self, terms: LeaseTerms) -> AsyncLease | None:
         sent = self.clock.monotonic_us()
@@ -278,9 +272,6 @@ class Scheduler:
         return max(0.005, (soonest - now) / 1e6 + spread)
 
     async def _tick(self, loop_time: float) -> None:
-        if loop_time - self._last_refresh >= _JOBS_REFRESH_S:
-            self._last_refresh = loop_time
-            await self._refresh_jobs()
         # Due, late and missed are judged by the store's clock read now — never by this
         # host's clock, which may be wrong (a replica whose clock ran ahead must not record
         # future slots as missed or skipped for the whole fleet).
@@ -292,13 +283,6 @@ class Scheduler:
             self._last_recovery = loop_time
             await self._recover()
         await self._claim(now)
-
-    async def _refresh_jobs(self) -> None:
-        rows = await self.store.run(self.ops.job_list(self.options.namespace))
-        for row in rows:
-            job = self._jobs.get(row.job)
-            if job is not None:
-                job.paused = row.paused
 
     async def _collect(self, job: _Job, now: int) -> None:
         """Queue the job's due slots; record the ones catch-up gives up as ``missed``."""
@@ -338,11 +322,14 @@ class Scheduler:
                 extra={"action": "slot_missed", "job": spec.name, "count": len(missed)},
             )
         for slot in take:
-            self._pending.append(self._claim_for(spec, slot, "schedule"))
+            claim = self._claim_for(spec, slot, "schedule", deadline_us=_deadline(spec, slot))
+            self._pending.append(claim)
         # Caught-up slots run one after another, not "skipped while the previous runs".
         self._catching_up.update((spec.name, slot) for slot in take if slot not in on_time)
 
-    def _claim_for(self, spec: JobSpec, slot: int, trigger: str) -> SlotClaim:
+    def _claim_for(
+        self, spec: JobSpec, slot: int, trigger: str, *, deadline_us: int | None = None
+    ) -> SlotClaim:
         return SlotClaim(
             job=spec.name,
             slot_us=slot,
@@ -351,6 +338,7 @@ class Scheduler:
             max_attempts=spec.retries + 1,
             trigger=trigger,
             least_us=spec.lock_at_least_us,
+            deadline_us=deadline_us,
         )
 
     def _collect_retries(self, now: int) -> None:
@@ -405,42 +393,51 @@ class Scheduler:
         self._pending.extendleft(reversed(waiting))
         ttl_by_job = {c.job: self.specs[c.job].lock_at_most_us for c in claims}
         # One batch per lease length, usually one batch in all.
-        claimed: list[RunRecord] = []
+        answers: list[tuple[SlotClaim, ClaimResult]] = []
         sent = self.clock.monotonic_us()
         for ttl in sorted(set(ttl_by_job.values())):
             batch = [c for c in claims if ttl_by_job[c.job] == ttl]
-            claimed += await self.store.run(
+            results = await self.store.run(
                 self.ops.run_claim(self.options.namespace, batch, self.holder, ttl)
             )
-        won = {(r.job, r.slot_us) for r in claimed}
-        self._catching_up -= won
-        for record in claimed:
-            self._start(record, sent)
-        taken_elsewhere = False
-        for claim in claims:
-            if (claim.job, claim.slot_us) not in won:
-                taken_elsewhere |= await self._not_claimed(claim, now)
-        return taken_elsewhere and bool(self._pending)
+            answers += zip(batch, results, strict=True)
+        freed = False
+        for claim, answer in answers:
+            if answer.status in ("claimed", "taken", "missed"):
+                self._catching_up.discard((claim.job, claim.slot_us))
+            if answer.run is not None:
+                self._start(answer.run, sent)
+            else:
+                freed |= await self._not_claimed(claim, answer.status)
+        return freed and bool(self._pending)
 
-    async def _not_claimed(self, claim: SlotClaim, now: int) -> bool:
-        """Another replica has it, or the job is busy/paused: apply the policy. Returns
-        whether the slot was taken (or finished) elsewhere."""
-        ns = self.options.namespace
-        row = await self.store.run(self.ops.run_get(ns, claim.job, claim.slot_us))
-        if row is not None and row.state != "queued":
-            return True  # taken (or finished) elsewhere: exactly once, nothing to do
+    async def _not_claimed(self, claim: SlotClaim, status: str) -> bool:
+        """Apply the policy to a claim the store refused with ``status``. Returns whether
+        the slot is settled elsewhere (taken, or final), freeing its place in the batch."""
+        if status == "taken":
+            return True  # another replica has it, or it is final: exactly once, nothing to do
+        if status == "missed":
+            log.warning(
+                "%s: slot %d missed: not started by its deadline (catchup = %s)",
+                claim.job,
+                claim.slot_us,
+                self.specs[claim.job].catchup,
+                extra={"action": "slot_missed", "job": claim.job, "slot_us": claim.slot_us},
+            )
+            return True
         if claim.trigger != "schedule":
-            return False
+            return False  # a trigger or backfill: the ledger's queued row brings it back
         job = self._jobs[claim.job]
-        if (claim.job, claim.slot_us) in self._catching_up and not job.paused:
+        if (claim.job, claim.slot_us) in self._catching_up and status != "paused":
             self._pending.appendleft(claim)  # busy with the previous caught-up slot: wait
             return False
-        if claim.slot_us > now:
+        if status == "not_due":
             self._pending.append(claim)  # not due by the store's clock yet: later
             return False
-        if job.paused:
+        if status == "paused":
             await self._skip(claim, "job paused")
             return False
+        ns = self.options.namespace
         overlap = job.spec.overlap
         if overlap in ("buffer_one", "cancel_other"):
             if job.buffered is not None and job.buffered != claim.slot_us:
@@ -687,3 +684,20 @@ async def _first_of(target: asyncio.Event, *events: asyncio.Event) -> None:
         for wait in waits:
             wait.cancel()
         target.set()
+
+
+def _deadline(spec: JobSpec, slot: int) -> int:
+    """The store time by which a slot's first attempt must start, else it is recorded as
+    ``missed`` at claim time: a replica that fell behind sheds stale slots under the
+    job's catch-up policy instead of running them late. ``skip``: while the slot is on
+    time; ``all``: within the catch-up window; ``latest``: within the window until the
+    next slot is due (a newer slot supersedes it) — never before the on-time bound."""
+    on_time = slot + _LATE_TOLERANCE_US + spec.jitter_us
+    if spec.catchup == "skip":
+        return on_time
+    window = slot + spec.catchup_window_us
+    if spec.catchup == "latest":
+        following = spec.schedule.next_after(slot)
+        if following is not None:
+            window = min(window, following + jitter_us(spec.name, following, spec.jitter_us))
+    return max(on_time, window)

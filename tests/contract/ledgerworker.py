@@ -46,7 +46,8 @@ def work(
         assert time.monotonic() < give_up, f"{holder}: the slots were not all finished in time"
         rng.shuffle(claims)
         rounds += 1
-        claimed = store.run(ops.run_claim(namespace, claims, holder, TTL_US))
+        answers = store.run(ops.run_claim(namespace, claims, holder, TTL_US))
+        claimed = [answer.run for answer in answers if answer.run is not None]
         for run in claimed:
             time.sleep(0.0005)  # "run" the job: give the others a chance to try the same slot
             finished = store.run(

@@ -24,8 +24,10 @@ from contract_support import must_acquire, release
 from ledgerworker import work
 
 from fleetcron.models import (
+    CLAIM_STATUSES,
     FINAL_STATES,
     TRIGGERS,
+    ClaimResult,
     JobRecord,
     LeaseRecord,
     RunOutcome,
@@ -35,6 +37,7 @@ from fleetcron.models import (
 )
 from fleetcron.stores import SyncStore
 from fleetcron.stores.base import LedgerOperations
+from fleetcron.stores.ledger import MISSED_ERROR
 
 R = TypeVar("R", RunRecord, JobRecord, LeaseRecord)
 
@@ -60,6 +63,7 @@ def slot_claim(
     max_attempts: int = 1,
     trigger: str = "schedule",
     least_us: int = 0,
+    deadline_us: int | None = None,
 ) -> SlotClaim:
     return SlotClaim(
         job=job,
@@ -69,6 +73,7 @@ def slot_claim(
         max_attempts=max_attempts,
         trigger=trigger,
         least_us=least_us,
+        deadline_us=deadline_us,
     )
 
 
@@ -114,7 +119,27 @@ class Ledger:
     def claim(
         self, claims: Sequence[SlotClaim], *, holder: str = "h1", ttl_us: int = LONG
     ) -> list[RunRecord]:
-        return self.store.run(self.ops.run_claim(self.namespace, list(claims), holder, ttl_us))
+        """The claimed attempts, in input order."""
+        answers = self.answer(claims, holder=holder, ttl_us=ttl_us)
+        return [answer.run for answer in answers if answer.run is not None]
+
+    def answer(
+        self, claims: Sequence[SlotClaim], *, holder: str = "h1", ttl_us: int = LONG
+    ) -> list[ClaimResult]:
+        """Every claim's answer, in input order."""
+        answers = self.store.run(self.ops.run_claim(self.namespace, list(claims), holder, ttl_us))
+        assert [(a.job, a.slot_us) for a in answers] == [(c.job, c.slot_us) for c in claims]
+        for answer in answers:
+            assert answer.status in CLAIM_STATUSES, answer
+            assert (answer.run is not None) == (answer.status == "claimed"), answer
+        return answers
+
+    def status_of(
+        self, job: str, slot_us: int, *, holder: str = "h1", ttl_us: int = LONG, **options: Any
+    ) -> str:
+        """Claim one slot; the answer's status."""
+        claim = slot_claim(job, slot_us, **options)
+        return self.answer([claim], holder=holder, ttl_us=ttl_us)[0].status
 
     def claim_one(
         self, job: str, slot_us: int, *, holder: str = "h1", ttl_us: int = LONG, **options: Any
@@ -217,13 +242,13 @@ def test_a_slot_the_store_clock_has_not_reached_is_not_claimed_even_manually(
     future = now + 5 * SECOND
 
     for trigger in TRIGGERS:
-        assert ledger.claim_one("job", future, trigger=trigger, exclusive=False) == []
+        assert ledger.status_of("job", future, trigger=trigger, exclusive=False) == "not_due"
     assert ledger.get("job", future) is None
     assert ledger.lease("job") is None, "a refused claim writes nothing"
     assert ledger.job("job") is None, "a refused claim writes nothing"
 
     soon = ledger.now() + 300_000
-    assert ledger.claim_one("job", soon) == []
+    assert ledger.status_of("job", soon) == "not_due"
     ledger.wait_until(soon)
     run = ledger.must_claim("job", soon)
     assert run.started_us >= soon  # type: ignore[operator]
@@ -288,14 +313,16 @@ def test_a_claim_of_an_unregistered_job_creates_its_job_row_with_an_empty_defini
     assert job.updated_us <= run.now_us
 
 
-def test_a_batch_returns_the_claimed_slots_in_input_order_and_skips_the_others(
+def test_a_batch_answers_every_claim_in_input_order_with_the_run_or_the_reason(
     ledger: Ledger,
 ) -> None:
     s1, s2, s3 = ledger.past_slots(3)
     assert ledger.record("done", s1, "skipped")
+    assert ledger.register("resting", "{}", "fp") is None
+    assert ledger.pause("resting")
     future = ledger.now() + MINUTE
 
-    claimed = ledger.claim(
+    answers = ledger.answer(
         [
             slot_claim("charlie", s3, run_id="c3"),
             slot_claim("future", future, run_id="f"),
@@ -303,10 +330,24 @@ def test_a_batch_returns_the_claimed_slots_in_input_order_and_skips_the_others(
             slot_claim("done", s1, run_id="d1", exclusive=False, trigger="manual"),
             slot_claim("charlie", s2, run_id="c2"),  # its lease was taken by c3 above
             slot_claim("bravo", s2, run_id="b2", exclusive=False),
+            slot_claim("resting", s1, run_id="r1"),
             slot_claim("bravo", s1, run_id="b1", exclusive=False),
             slot_claim("bravo", s2, run_id="b2-again", exclusive=False),  # claimed just now
         ]
     )
+
+    assert [a.status for a in answers] == [
+        "claimed",
+        "not_due",
+        "claimed",
+        "taken",
+        "busy",
+        "claimed",
+        "paused",
+        "claimed",
+        "taken",
+    ]
+    claimed = [a.run for a in answers if a.run is not None]
 
     assert [(r.job, r.slot_us, r.run_id) for r in claimed] == [
         ("charlie", s3, "c3"),
@@ -446,7 +487,7 @@ def _make_final(ledger: Ledger, slot: int, state: str) -> None:
     elif state == "lost":
         run = ledger.must_claim("job", slot, ttl_us=SHORT)
         ledger.wait_until(run.expires_us)  # type: ignore[arg-type]
-        assert ledger.claim_one("job", slot, holder="h2") == []  # closes the row as lost
+        assert ledger.status_of("job", slot, holder="h2") == "taken"  # closes the row as lost
     else:
         run = ledger.must_claim("job", slot)
         assert ledger.finish(run, state, exit_code=1 if state == "failed" else 0)
@@ -476,7 +517,8 @@ def test_a_running_attempt_whose_lease_is_valid_is_not_claimed_by_anyone(ledger:
 
     for holder, trigger, exclusive in itertools.product(("h1", "h2"), TRIGGERS, (True, False)):
         again = slot_claim("job", slot, exclusive=exclusive, trigger=trigger, max_attempts=5)
-        assert ledger.claim([again], holder=holder) == [], (holder, trigger, exclusive)
+        answers = ledger.answer([again], holder=holder)
+        assert [x.status for x in answers] == ["taken"], (holder, trigger, exclusive)
 
     assert stored(ledger.must_get("job", slot)) == stored(run)
     assert stored(ledger.must_lease("job")) == stored(lease)
@@ -521,7 +563,7 @@ def test_a_running_attempt_that_expired_with_no_attempts_left_becomes_lost_and_i
     lease = ledger.must_lease("job")
     job = ledger.must_job("job")
 
-    assert ledger.claim_one("job", slot, holder="h3", max_attempts=2) == []
+    assert ledger.status_of("job", slot, holder="h3", max_attempts=2) == "taken"
 
     lost = ledger.must_get("job", slot)
     assert (lost.state, lost.attempt, lost.fence, lost.holder) == ("lost", 2, second.fence, "h2")
@@ -531,7 +573,7 @@ def test_a_running_attempt_that_expired_with_no_attempts_left_becomes_lost_and_i
     assert stored(ledger.must_lease("job")) == stored(lease), "a claim that closes takes nothing"
     assert ledger.must_job("job").high_water_us == job.high_water_us
     # ``lost`` is final: even a claim allowing more attempts does not run it again.
-    assert ledger.claim_one("job", slot, holder="h3", max_attempts=5) == []
+    assert ledger.status_of("job", slot, holder="h3", max_attempts=5) == "taken"
     assert stored(ledger.must_get("job", slot)) == stored(lost)
 
 
@@ -547,7 +589,7 @@ def test_a_failed_attempt_with_a_retry_is_claimed_again_only_from_retry_at_while
     assert failed.finished_us is not None
     assert failed.retry_at_us == failed.finished_us + SHORT
 
-    assert ledger.claim_one("job", slot, holder="h2", max_attempts=2) == []
+    assert ledger.status_of("job", slot, holder="h2", max_attempts=2) == "taken"
     assert stored(ledger.must_get("job", slot)) == stored(failed)
 
     ledger.wait_until(failed.retry_at_us)
@@ -572,7 +614,7 @@ def test_a_failed_attempt_with_a_retry_is_claimed_again_only_from_retry_at_while
     assert ledger.finish(second, "failed", exit_code=4, retry_after_us=1)
     last = ledger.must_get("job", slot)
     ledger.wait_until(last.retry_at_us)  # type: ignore[arg-type]
-    assert ledger.claim_one("job", slot, holder="h3", max_attempts=2) == []
+    assert ledger.status_of("job", slot, holder="h3", max_attempts=2) == "taken"
     assert stored(ledger.must_get("job", slot)) == stored(last)
     assert ledger.must_get("job", slot).state == "failed"
 
@@ -610,7 +652,7 @@ def test_a_queued_slot_is_claimed_as_attempt_1(ledger: Ledger, trigger: str) -> 
     assert run.fence >= now
     assert ledger.must_lease("job").fence == run.fence
     assert stored(ledger.must_get("job", slot)) == stored(run)
-    assert ledger.claim_one("job", slot, holder="h2", exclusive=False, trigger=trigger) == []
+    assert ledger.status_of("job", slot, holder="h2", exclusive=False, trigger=trigger) == "taken"
 
 
 def test_a_queued_slot_of_a_paused_job_is_claimed_by_hand_not_by_the_schedule(
@@ -621,7 +663,7 @@ def test_a_queued_slot_of_a_paused_job_is_claimed_by_hand_not_by_the_schedule(
     assert ledger.pause("job")
     assert ledger.record("job", slot, "queued", trigger="manual")
 
-    assert ledger.claim_one("job", slot, trigger="schedule") == []
+    assert ledger.status_of("job", slot, trigger="schedule") == "paused"
     assert ledger.must_get("job", slot).state == "queued"
     assert ledger.must_claim("job", slot, trigger="manual").attempt == 1
 
@@ -639,7 +681,7 @@ def test_an_exclusive_claim_is_refused_while_the_job_lease_is_held_and_changes_n
 
     for holder in ("h1", "h2"):  # not re-entrant either
         for trigger in TRIGGERS:
-            assert ledger.claim_one("job", s2, holder=holder, trigger=trigger) == []
+            assert ledger.status_of("job", s2, holder=holder, trigger=trigger) == "busy"
 
     assert ledger.get("job", s2) is None
     assert stored(ledger.must_lease("job")) == stored(lease)
@@ -685,7 +727,7 @@ def test_a_paused_job_is_not_claimed_by_its_schedule_but_is_by_every_other_trigg
     assert ledger.register("job", "{}", "fp") is None
     assert ledger.pause("job")
 
-    assert ledger.claim_one("job", slots[0], trigger="schedule") == []
+    assert ledger.status_of("job", slots[0], trigger="schedule") == "paused"
     assert ledger.get("job", slots[0]) is None
     others = [trigger for trigger in TRIGGERS if trigger != "schedule"]
     for trigger, slot in zip(others, slots[1:], strict=True):
@@ -695,6 +737,72 @@ def test_a_paused_job_is_not_claimed_by_its_schedule_but_is_by_every_other_trigg
 
     assert ledger.pause("job", False)
     assert ledger.must_claim("job", slots[0], exclusive=False).trigger == "schedule"
+
+
+# -- run_claim: the deadline of a first attempt -----------------------------------------
+
+
+def test_a_slot_without_a_row_claimed_past_its_deadline_is_recorded_missed_not_run(
+    ledger: Ledger,
+) -> None:
+    s1, s2 = ledger.past_slots(2)
+    now = ledger.now()
+
+    assert ledger.status_of("job", s2, deadline_us=now - 1) == "missed"
+
+    row = ledger.must_get("job", s2)
+    assert (row.state, row.attempt, row.fence, row.holder, row.trigger) == (
+        "missed",
+        0,
+        0,
+        "",
+        "schedule",
+    )
+    assert row.error == MISSED_ERROR
+    assert row.finished_us is not None and row.finished_us >= now
+    assert row.started_us is None and row.expires_us is None
+    lease = ledger.lease("job")
+    assert lease is None or not lease.held, "a missed slot takes no lease"
+    assert ledger.must_job("job").high_water_us == s2, "a missed slot is schedule progress"
+    assert ledger.status_of("job", s2, holder="h2") == "taken", "missed is final"
+    assert ledger.status_of("job", s2, holder="h2", trigger="manual") == "taken"
+
+    # A deadline still ahead of the store's clock claims as usual.
+    run = ledger.must_claim("job", s1, deadline_us=ledger.now() + MINUTE)
+    assert (run.state, run.attempt) == ("running", 1)
+    assert ledger.must_job("job").high_water_us == s2, "never moved back"
+
+
+def test_a_late_first_attempt_is_missed_even_while_the_job_lease_is_held(ledger: Ledger) -> None:
+    s1, s2 = ledger.past_slots(2)
+    holding = ledger.must_claim("job", s1)
+
+    assert ledger.status_of("job", s2, holder="h2") == "busy"
+    assert ledger.status_of("job", s2, holder="h2", deadline_us=ledger.now() - 1) == "missed"
+
+    assert ledger.must_get("job", s2).state == "missed"
+    assert stored(ledger.must_get("job", s1)) == stored(holding), "the holder is untouched"
+    assert ledger.must_lease("job").fence == holding.fence
+
+
+def test_the_deadline_only_refuses_slots_without_a_row(ledger: Ledger) -> None:
+    s1, s2, s3 = ledger.past_slots(3)
+    past = ledger.now() - 1
+    # A queued row (trigger, backfill) runs whenever it is claimed.
+    assert ledger.record("job", s1, "queued", trigger="manual")
+    assert ledger.must_claim("job", s1, trigger="manual", deadline_us=past).attempt == 1
+    # An attempt whose holder vanished is retried, however late.
+    first = ledger.must_claim("other", s2, ttl_us=SHORT, max_attempts=2)
+    ledger.wait_until(first.expires_us)  # type: ignore[arg-type]
+    retried = ledger.must_claim("other", s2, holder="h2", max_attempts=2, deadline_us=past)
+    assert (retried.attempt, retried.fence > first.fence) == (2, True)
+    # Refusals that come before the deadline keep their reason.
+    assert ledger.status_of("later", ledger.now() + MINUTE, deadline_us=past) == "not_due"
+    assert ledger.register("resting") is None
+    assert ledger.pause("resting")
+    assert ledger.status_of("resting", s3, deadline_us=past) == "paused"
+    assert ledger.get("resting", s3) is None
+    assert ledger.get("later", ledger.now() + MINUTE) is None
 
 
 def test_high_water_is_the_latest_slot_claimed_by_schedule_or_exec_or_recorded(
@@ -710,9 +818,9 @@ def test_high_water_is_the_latest_slot_claimed_by_schedule_or_exec_or_recorded(
     assert ledger.must_job("job").high_water_us == s4
     assert ledger.record("job", s2, "skipped")
     assert ledger.must_job("job").high_water_us == s4
-    assert ledger.claim_one("job", ledger.now() + MINUTE) == []  # refused: not moved
+    assert ledger.status_of("job", ledger.now() + MINUTE) == "not_due"  # refused: not moved
     assert ledger.must_job("job").high_water_us == s4
-    assert ledger.claim_one("job", s3, holder="h2", exclusive=False) == []
+    assert ledger.status_of("job", s3, holder="h2", exclusive=False) == "taken"
     assert ledger.must_job("job").high_water_us == s4
     ledger.must_claim("job", s5, exclusive=False, trigger="exec")
     assert ledger.must_job("job").high_water_us == s5
@@ -764,7 +872,7 @@ def test_extend_renews_the_holders_running_attempt_to_now_plus_ttl(ledger: Ledge
     assert stored(renewed) == stored(dataclasses.replace(run, expires_us=renewed.expires_us))
     assert stored(ledger.must_get("job", slot)) == stored(renewed)
     ledger.wait_until(run.expires_us)  # type: ignore[arg-type]
-    assert ledger.claim_one("job", slot, holder="h2", exclusive=False, max_attempts=5) == []
+    assert ledger.status_of("job", slot, holder="h2", exclusive=False, max_attempts=5) == "taken"
 
 
 def test_extend_is_refused_for_another_fence_and_changes_nothing(ledger: Ledger) -> None:
@@ -982,7 +1090,7 @@ def test_finish_releases_the_job_lease_so_the_next_exclusive_claim_runs_at_once(
 ) -> None:
     s1, s2 = ledger.past_slots(2)
     first = ledger.must_claim("job", s1)
-    assert ledger.claim_one("job", s2, holder="h2") == []
+    assert ledger.status_of("job", s2, holder="h2") == "busy"
 
     assert ledger.finish(first)
 
@@ -1001,7 +1109,7 @@ def test_finish_keeps_the_job_lease_until_least_us(ledger: Ledger) -> None:
     lease = ledger.must_lease("job")
     assert lease.expires_us == first.now_us + SECOND == lease.min_until_us
     if ledger.now() < lease.min_until_us:
-        assert ledger.claim_one("job", s2, holder="h2") == []
+        assert ledger.status_of("job", s2, holder="h2") == "busy"
     ledger.wait_until(lease.min_until_us)
     assert ledger.must_claim("job", s2, holder="h2").fence > first.fence
 
@@ -1016,7 +1124,7 @@ def test_finish_does_not_release_a_job_lease_carrying_another_fence(ledger: Ledg
     assert ledger.finish(beside)
 
     assert stored(ledger.must_lease("job")) == stored(lease)
-    assert ledger.claim_one("job", s3, holder="h3") == []
+    assert ledger.status_of("job", s3, holder="h3") == "busy"
     assert ledger.extend(holding) is not None
 
 
@@ -1208,7 +1316,7 @@ def test_job_register_keeps_the_paused_flag_and_the_progress(ledger: Ledger) -> 
         progress.last_success_us,
         progress.last_failure_us,
     )
-    assert ledger.claim_one("job", s2 + 1) == [], "still paused"
+    assert ledger.status_of("job", s2 + 1) == "paused", "still paused"
 
 
 def test_job_register_of_a_job_first_seen_by_a_claim_returns_the_row_the_claim_created(

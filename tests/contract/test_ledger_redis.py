@@ -64,7 +64,8 @@ def claim(
     holder: str = HOLDER,
     ttl_us: int = LONG,
 ) -> list[RunRecord]:
-    return store.run(store.ops.run_claim(namespace, list(claims), holder, ttl_us))
+    answers = store.run(store.ops.run_claim(namespace, list(claims), holder, ttl_us))
+    return [answer.run for answer in answers if answer.run is not None]
 
 
 def one(
@@ -140,7 +141,8 @@ store = RedisStore(parse_store_url(url))
 claims = [SlotClaim(job=f"job{k}", slot_us=slot, run_id=me) for k in range(5)]
 print("ready", flush=True)
 sys.stdin.readline()
-runs = store.run(store.ops.run_claim(namespace, claims, "host:" + me + ":t", 30_000_000))
+answers = store.run(store.ops.run_claim(namespace, claims, "host:" + me + ":t", 30_000_000))
+runs = [answer.run for answer in answers if answer.run is not None]
 print(json.dumps([[run.job, run.run_id, run.fence] for run in runs]), flush=True)
 store.close()
 """
@@ -618,9 +620,11 @@ async def test_the_async_store_runs_the_same_ledger(backend_url: str, namespace:
         slot = await store.run(store.ops.store_now()) - 1_000
         claims = [SlotClaim(job=f"job{k}", slot_us=slot, run_id=f"r{k}") for k in range(3)]
         store._scripts["run_claim"].sha = "0" * 40
-        runs = await store.run(store.ops.run_claim(namespace, claims, HOLDER, LONG))
+        answers = await store.run(store.ops.run_claim(namespace, claims, HOLDER, LONG))
+        runs = [answer.run for answer in answers if answer.run is not None]
         assert [run.job for run in runs] == ["job0", "job1", "job2"]
-        assert await store.run(store.ops.run_claim(namespace, claims, HOLDER, LONG)) == []
+        again = await store.run(store.ops.run_claim(namespace, claims, HOLDER, LONG))
+        assert [answer.status for answer in again] == ["taken"] * 3
         outcome = RunOutcome(state="succeeded")
         assert await store.run(
             store.ops.run_finish(namespace, "job0", slot, runs[0].fence, outcome)

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from fleetcron.models import LeaseRecord
+from fleetcron.models import LeaseRecord, SlotClaim
 from fleetcron.stores.base import SqlResult, Statement, drive, drive_async
 from fleetcron.stores.redis import SCRIPTS, RedisOperations, _namespace_pattern, lease_key
 from fleetcron.stores.sqlops import (
+    SqlLedger,
     SqlOperations,
     load_migrations,
     load_queries,
@@ -196,6 +197,30 @@ def test_sql_prune_uses_the_preview_for_a_dry_run_and_returns_sorted_names(
     assert execute.statements == [
         Statement(statement, {"namespace": "ns", "older_than_us": 60_000_000})
     ]
+
+
+def test_sql_claim_answers_each_slot_from_its_one_row_of_status_and_run_columns() -> None:
+    claims = [SlotClaim(job=job, slot_us=1_000, run_id=f"r-{job}") for job in ("a", "b", "c")]
+    run_row = (b"b", 1_000, "running", 1, 9, "h", "r-b", "schedule", 5, None, 6, None, 0)
+    nulls = (None,) * 17
+    execute = FakeExecute(
+        [
+            rows(("busy", *nulls)),
+            rows((b"claimed", *run_row, None, None, None, 5)),
+            rows(("taken", *nulls)),
+        ]
+    )
+
+    answers = drive(SqlLedger().run_claim("ns", claims, "h", 1), execute)
+
+    assert [(a.job, a.status) for a in answers] == [("a", "busy"), ("b", "claimed"), ("c", "taken")]
+    assert answers[0].run is None and answers[2].run is None
+    run = answers[1].run
+    assert run is not None
+    assert (run.job, run.fence, run.run_id, run.expires_us, run.now_us) == ("b", 9, "r-b", 6, 5)
+    [statement] = execute.statements
+    assert statement.name == "run_claim"
+    assert [p["job"] for p in statement.batch or ()] == ["a", "b", "c"]
 
 
 def _sql_statements_of_every_operation() -> list[Statement]:

@@ -18,7 +18,7 @@ from redis.crc import key_slot
 
 from fleetcron.models import JobRecord, RunOutcome, RunRecord, SlotClaim, job_lease_name
 from fleetcron.stores.base import Statement, drive
-from fleetcron.stores.ledger import LOST_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.redis import (
     _LEDGER,
     _NOW,
@@ -175,7 +175,7 @@ CLAIMS = [
         trigger="manual",
         least_us=50,
     ),
-    SlotClaim(job="backup", slot_us=3_000, run_id="run-3", trigger="backfill"),
+    SlotClaim(job="backup", slot_us=3_000, run_id="run-3", trigger="backfill", deadline_us=9_000),
 ]
 REPORT_KEYS = (
     lease_key(NS, "fleetcron:job:report"),
@@ -184,19 +184,24 @@ REPORT_KEYS = (
     slots_key(NS, "report"),
 )
 BACKUP_3_KEYS = (LEASE, JOB, run_key(NS, "backup", 3_000), SLOTS)
-COMMON = ("host:1:abc", 5_000, NS, LOST_ERROR)
-BACKUP_1_ARGS = (1_000, "run-1", 1, 1, "schedule", 0, "backup", "fleetcron:job:backup")
-REPORT_ARGS = (2_000, "run-2", 0, 3, "manual", 50, "report", "fleetcron:job:report")
-BACKUP_3_ARGS = (3_000, "run-3", 1, 1, "backfill", 0, "backup", "fleetcron:job:backup")
+COMMON = ("host:1:abc", 5_000, NS, LOST_ERROR, MISSED_ERROR)
+BACKUP_1_ARGS = (1_000, "run-1", 1, 1, "schedule", 0, "backup", "fleetcron:job:backup", "")
+REPORT_ARGS = (2_000, "run-2", 0, 3, "manual", 50, "report", "fleetcron:job:report", "")
+BACKUP_3_ARGS = (3_000, "run-3", 1, 1, "backfill", 0, "backup", "fleetcron:job:backup", "=9000")
 
 
 def test_a_claim_batch_on_one_server_is_one_script_call_deciding_every_claim() -> None:
-    execute = FakeExecute([[run_reply(), False, run_reply(slot=3_000)]])
+    execute = FakeExecute([[run_reply(), b"busy", run_reply(slot=3_000)]])
 
-    claimed = drive(REDIS.run_claim(NS, CLAIMS, "host:1:abc", 5_000), execute)
+    answers = drive(REDIS.run_claim(NS, CLAIMS, "host:1:abc", 5_000), execute)
 
-    assert [(run.job, run.slot_us) for run in claimed] == [("backup", 1_000), ("backup", 3_000)]
-    assert claimed[0] == RUNNING
+    assert [(a.job, a.slot_us, a.status) for a in answers] == [
+        ("backup", 1_000, "claimed"),
+        ("report", 2_000, "busy"),
+        ("backup", 3_000, "claimed"),
+    ]
+    assert answers[0].run == RUNNING
+    assert answers[1].run is None
     assert execute.statements == [
         Statement(
             "run_claim",
@@ -212,11 +217,16 @@ def test_a_claim_batch_on_one_server_is_one_script_call_deciding_every_claim() -
 
 def test_a_claim_batch_on_a_cluster_is_one_call_per_job_each_in_one_hash_slot() -> None:
     cluster = RedisOperations(cluster=True)
-    execute = FakeExecute([[False, run_reply(slot=3_000)], [run_reply("report", 2_000)]])
+    execute = FakeExecute([[b"taken", run_reply(slot=3_000)], [run_reply("report", 2_000)]])
 
-    claimed = drive(cluster.run_claim(NS, CLAIMS, "host:1:abc", 5_000), execute)
+    answers = drive(cluster.run_claim(NS, CLAIMS, "host:1:abc", 5_000), execute)
 
-    assert [(run.job, run.slot_us) for run in claimed] == [("report", 2_000), ("backup", 3_000)]
+    assert [(a.job, a.slot_us, a.status) for a in answers] == [
+        ("backup", 1_000, "taken"),
+        ("report", 2_000, "claimed"),
+        ("backup", 3_000, "claimed"),
+    ]
+    assert [a.run.slot_us for a in answers if a.run is not None] == [2_000, 3_000]
     [statement] = execute.statements
     assert statement.batch == (
         {
@@ -231,13 +241,19 @@ def test_a_claim_batch_on_a_cluster_is_one_call_per_job_each_in_one_hash_slot() 
         assert len({key_slot(key.encode()) for key in keys}) == 1
 
 
-def test_claimed_attempts_come_back_in_input_order_without_the_refused_ones() -> None:
-    execute = FakeExecute([[False, run_reply("b"), None, run_reply("d")]])
+def test_every_claim_is_answered_in_input_order_with_the_run_or_the_reason() -> None:
+    execute = FakeExecute([[b"not_due", run_reply("b"), "paused", run_reply("d")]])
     claims = [SlotClaim(job=job, slot_us=1_000, run_id=job) for job in "abcd"]
 
-    claimed = drive(REDIS.run_claim(NS, claims, "h", 1), execute)
+    answers = drive(REDIS.run_claim(NS, claims, "h", 1), execute)
 
-    assert [run.job for run in claimed] == ["b", "d"]
+    assert [(a.job, a.status) for a in answers] == [
+        ("a", "not_due"),
+        ("b", "claimed"),
+        ("c", "paused"),
+        ("d", "claimed"),
+    ]
+    assert [a.run.job if a.run else None for a in answers] == [None, "b", None, "d"]
 
 
 def test_an_empty_claim_batch_asks_nothing() -> None:
@@ -258,10 +274,12 @@ def test_a_reclaimed_row_maps_its_note_and_every_optional_field() -> None:
         finished=b"7500",
         output="naïve ☃".encode(),
     )
-    [run] = drive(
+    [answer] = drive(
         REDIS.run_claim(NS, [SlotClaim(job="backup", slot_us=1, run_id="r")], "h", 1),
         FakeExecute([[reply]]),
     )
+    run = answer.run
+    assert run is not None
 
     assert (run.attempt, run.error, run.cancel_requested) == (
         2,
@@ -452,7 +470,7 @@ def test_lease_listing_skips_the_ledger_keys_of_the_namespace() -> None:
 
 def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
     execute = FakeExecute(
-        [[None]],  # run_claim
+        [[b"taken"]],  # run_claim
         [],  # run_list of a job
         [],  # job_list: scan
         [],  # job_list: job_get[]

@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 from fleetcron import Fleet
+from fleetcron import scheduler as scheduler_module
 from fleetcron.context import RunContext
 from fleetcron.errors import StoreUnavailable
 from fleetcron.jobsfile import JobSpec, job_spec
 from fleetcron.models import RunRecord
 from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 
 NS = "sched"
@@ -136,6 +138,30 @@ async def test_slots_missed_while_every_replica_was_down_follow_the_catchup_poli
             started = rows[slot].started_us
             assert started is not None and started - slot <= 6_000_000
         assert len(ran) <= 1
+
+
+async def test_a_replica_that_falls_behind_records_late_slots_missed_instead_of_running_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tolerance = 300_000
+    monkeypatch.setattr(scheduler_module, "_LATE_TOLERANCE_US", tolerance)
+    store = MemoryStore()
+
+    async def slow(ctx: RunContext) -> None:
+        await asyncio.sleep(0.45)
+
+    # Room for one run at a time, a slot every 200 ms that takes 450 ms: it falls behind.
+    job = spec("slow", slow, overlap="allow", catchup="skip")
+    await run_replicas(store, [job], 2.5, replicas=1, concurrency=1)
+
+    rows = ledger(store, "slow")
+    ran = [r for r in rows if r.state == "succeeded"]
+    missed = [r for r in rows if r.state == "missed"]
+    assert ran and missed
+    assert {r.state for r in rows} <= {"succeeded", "missed"}
+    assert all(r.error == MISSED_ERROR and r.attempt == 0 for r in missed)
+    for run in ran:  # nothing started past its deadline: on time or not at all
+        assert run.started_us is not None and run.started_us - run.slot_us <= tolerance
 
 
 async def test_a_failed_run_is_retried_with_the_next_attempt_and_a_higher_fence() -> None:

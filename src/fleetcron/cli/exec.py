@@ -335,6 +335,15 @@ def latest_slot(schedule: Schedule, now_us: int) -> int | None:
     return None
 
 
+# Why a slot was not claimed (fleetcron.models.CLAIM_STATUSES), for the log line.
+_NOT_CLAIMED = {
+    "taken": "it already ran or is running",
+    "busy": "a run of an earlier slot still holds the job's lease",
+    "paused": "the job is paused",
+    "not_due": "the store's clock has not reached it",
+}
+
+
 def run_exec_schedule(
     store: SyncStore,
     namespace: str,
@@ -379,17 +388,23 @@ def run_exec_schedule(
         least_us=terms.lock_at_least_us,
     )
     sent = clock.monotonic_us()
-    claimed = store.run(ledger.run_claim(namespace, [claim], new_holder(), terms.lock_at_most_us))
+    (answer,) = store.run(ledger.run_claim(namespace, [claim], new_holder(), terms.lock_at_most_us))
     slot_text = micros_to_datetime(slot).isoformat().replace("+00:00", "Z")
-    if not claimed:
+    if answer.run is None:
         log.info(
-            "%s: slot %s already ran or is running; skipped",
+            "%s: slot %s skipped: %s",
             options.name,
             slot_text,
-            extra={"action": "slot_skipped", "job": options.name, "slot_us": slot},
+            _NOT_CLAIMED.get(answer.status, answer.status),
+            extra={
+                "action": "slot_skipped",
+                "job": options.name,
+                "slot_us": slot,
+                "status": answer.status,
+            },
         )
         return options.skipped_exit_code
-    run = claimed[0]
+    run = answer.run
     lease = SlotLease(store, terms, run, sent_us=sent, clock=clock)
     if terms.keepalive:
         lease.start_keepalive()

@@ -27,7 +27,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from fleetcron.models import JobRecord, LeaseRecord, RunOutcome, RunRecord, SlotClaim
+from fleetcron.models import ClaimResult, JobRecord, LeaseRecord, RunOutcome, RunRecord, SlotClaim
 
 __all__ = [
     "AsyncStore",
@@ -153,8 +153,9 @@ class LedgerOperations(Protocol):
 
     def run_claim(
         self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
-    ) -> Operation[list[RunRecord]]:
-        """Claim slots in one round trip; returns the claimed attempts in input order."""
+    ) -> Operation[list[ClaimResult]]:
+        """Claim slots in one round trip; returns one answer per claim, in input order:
+        the claimed attempt, or why the slot was not claimed."""
         ...
 
     def run_extend(

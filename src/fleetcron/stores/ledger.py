@@ -15,6 +15,7 @@ from fleetcron.models import JobRecord, LeaseRecord, RunOutcome, RunRecord, Slot
 
 __all__ = [
     "LOST_ERROR",
+    "MISSED_ERROR",
     "ClaimDecision",
     "decide_claim",
     "decide_extend",
@@ -24,17 +25,21 @@ __all__ = [
 ]
 
 LOST_ERROR = "the holder's lease expired without an outcome"
+MISSED_ERROR = "no replica started it before its deadline (catchup policy)"
 OUTPUT_LIMIT = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimDecision:
     """What a claim writes. ``run`` is the claimed attempt (``None``: not claimed);
-    ``lease`` the job lease row to write; ``closed`` a run row to write as ``lost``."""
+    ``lease`` the job lease row to write; ``closed`` a run row to write without claiming
+    (an expired attempt closed as ``lost``, or a late slot recorded as ``missed``);
+    ``status`` the claim's answer (:data:`~fleetcron.models.CLAIM_STATUSES`)."""
 
     run: RunRecord | None
     lease: LeaseRecord | None
     closed: RunRecord | None
+    status: str
 
 
 def new_job(namespace: str, job: str, now: int) -> JobRecord:
@@ -107,14 +112,18 @@ def decide_claim(
        attempt + 1 if attempts remain, else the row is closed as ``lost``. A ``failed``
        row whose ``retry_at`` has come: attempt + 1 if attempts remain. Anything else
        (running and valid, or finished) is not claimed: a finished slot never runs again.
-    4. Exclusive claims need the job lease free at ``now`` and take it; every claim moves
+    4. No row, and the claim's deadline has passed: the slot is recorded as ``missed``.
+    5. Exclusive claims need the job lease free at ``now`` and take it; every claim moves
        the job's fence to ``max(previous + 1, now)``.
+
+    The answer's ``status`` names the first rule that refused: ``not_due`` (1), ``paused``
+    (2), ``taken`` (3: the row cannot be claimed, including a row just closed as lost),
+    ``missed`` (4), ``busy`` (5), else ``claimed``.
     """
-    nothing = ClaimDecision(run=None, lease=None, closed=None)
     if claim.slot_us > now:
-        return nothing
+        return _refused("not_due")
     if job is not None and job.paused and claim.trigger == "schedule":
-        return nothing
+        return _refused("paused")
     attempt = 1
     note: str | None = None
     if run is not None:
@@ -129,7 +138,7 @@ def decide_claim(
                     error=LOST_ERROR,
                     now_us=now,
                 )
-                return ClaimDecision(run=None, lease=None, closed=closed)
+                return ClaimDecision(run=None, lease=None, closed=closed, status="taken")
             attempt, note = run.attempt + 1, f"attempt {run.attempt} lost: {LOST_ERROR}"
         elif run.state == "queued":
             attempt = 1  # asked for by `fleetcron trigger` / backfill: the first attempt
@@ -141,9 +150,20 @@ def decide_claim(
         ):
             attempt = run.attempt + 1
         else:
-            return nothing
+            return _refused("taken")
+    elif claim.deadline_us is not None and now > claim.deadline_us:
+        missed = recorded_run(
+            namespace=namespace,
+            job=claim.job,
+            slot_us=claim.slot_us,
+            state="missed",
+            error=MISSED_ERROR,
+            trigger=claim.trigger,
+            now=now,
+        )
+        return ClaimDecision(run=None, lease=None, closed=missed, status="missed")
     if claim.exclusive and lease is not None and lease.expires_us > now:
-        return nothing
+        return _refused("busy")
     fence = max(lease.fence + 1 if lease is not None else 0, now)
     if claim.exclusive:
         new_lease = LeaseRecord(
@@ -189,7 +209,11 @@ def decide_claim(
         output=None,
         now_us=now,
     )
-    return ClaimDecision(run=claimed, lease=new_lease, closed=None)
+    return ClaimDecision(run=claimed, lease=new_lease, closed=None, status="claimed")
+
+
+def _refused(status: str) -> ClaimDecision:
+    return ClaimDecision(run=None, lease=None, closed=None, status=status)
 
 
 def decide_extend(

@@ -15,6 +15,7 @@ from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.models import (
     FINAL_STATES,
     PROGRESS_TRIGGERS,
+    ClaimResult,
     JobRecord,
     LeaseRecord,
     RunOutcome,
@@ -162,9 +163,9 @@ class _MemoryLedger:
 
     def run_claim(
         self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
-    ) -> Operation[list[RunRecord]]:
-        def step(state: _State, now: int) -> list[RunRecord]:
-            claimed = []
+    ) -> Operation[list[ClaimResult]]:
+        def step(state: _State, now: int) -> list[ClaimResult]:
+            answers = []
             for claim in claims:
                 lease_key = (namespace, job_lease_name(claim.job))
                 decision = decide_claim(
@@ -179,16 +180,25 @@ class _MemoryLedger:
                 )
                 if decision.closed is not None:
                     state.runs[(namespace, claim.job, claim.slot_us)] = decision.closed
+                    if decision.status == "missed" and claim.trigger in PROGRESS_TRIGGERS:
+                        _raise_high_water(state, namespace, claim.job, claim.slot_us, now)
+                answers.append(
+                    ClaimResult(
+                        job=claim.job,
+                        slot_us=claim.slot_us,
+                        status=decision.status,
+                        run=decision.run,
+                    )
+                )
                 if decision.run is None or decision.lease is None:
                     continue
                 state.leases[lease_key] = replace(decision.lease, name=lease_key[1])
                 state.runs[(namespace, claim.job, claim.slot_us)] = decision.run
                 if claim.trigger in PROGRESS_TRIGGERS:
                     _raise_high_water(state, namespace, claim.job, claim.slot_us, now)
-                claimed.append(decision.run)
-            return claimed
+            return answers
 
-        result: list[RunRecord] = yield _step(step)
+        result: list[ClaimResult] = yield _step(step)
         return result
 
     def run_extend(

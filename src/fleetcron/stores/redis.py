@@ -47,6 +47,7 @@ from redis.commands.core import AsyncScript, Script
 
 from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
 from fleetcron.models import (
+    ClaimResult,
     JobRecord,
     LeaseRecord,
     RunOutcome,
@@ -55,7 +56,7 @@ from fleetcron.models import (
     job_lease_name,
 )
 from fleetcron.stores.base import Capability, Operation, Statement, drive, drive_async
-from fleetcron.stores.ledger import LOST_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.url import StoreURL
 
 __all__ = [
@@ -197,18 +198,20 @@ RUN_CLAIM = (
     + _LEDGER
     + """
 -- KEYS: 4 per claim: job lease, job row, run row, slot index
--- ARGV: holder, ttl_us, namespace, lost error, then 8 per claim: slot_us, run_id,
---       exclusive (1/0), max_attempts, trigger, least_us, job, lease name
--- returns one reply per claim, in order: false when not claimed, else the claimed run row
--- (see run_row). Every claim is decided at the same TIME, in order, each one seeing the
--- writes of those before it.
+-- ARGV: holder, ttl_us, namespace, lost error, missed error, then 9 per claim: slot_us,
+--       run_id, exclusive (1/0), max_attempts, trigger, least_us, job, lease name,
+--       deadline_us? (optional: '' is none)
+-- returns one reply per claim, in order: the claimed run row (see run_row), or why the
+-- slot was not claimed: 'not_due', 'paused', 'taken', 'missed' or 'busy'. Every claim is
+-- decided at the same TIME, in order, each one seeing the writes of those before it.
 local holder, ttl, namespace, lost_error = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local missed_error = ARGV[5]
 local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, exclusive,
-                     max_attempts, trigger, least, job, lease_name)
+                     max_attempts, trigger, least, job, lease_name, deadline_arg)
   local slot = tonumber(slot_arg)
-  if slot > now then return false end
+  if slot > now then return 'not_due' end
   if trigger == 'schedule' and redis.call('HGET', job_key, 'paused') == '1' then
-    return false
+    return 'paused'
   end
   local attempt, note = 1, nil
   local run = redis.call('HMGET', run_key, 'state', 'attempt', 'expires', 'retry_at')
@@ -218,7 +221,7 @@ local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, e
       if tried >= most then
         redis.call('HSET', run_key, 'state', 'lost', 'finished', s(now), 'error', lost_error)
         redis.call('HDEL', run_key, 'expires')
-        return false
+        return 'taken'
       end
       attempt, note = tried + 1, 'attempt ' .. run[2] .. ' lost: ' .. lost_error
     elseif run[1] == 'queued' then
@@ -226,11 +229,23 @@ local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, e
     elseif run[1] == 'failed' and run[4] and tonumber(run[4]) <= now and tried < most then
       attempt = tried + 1
     else
-      return false
+      return 'taken'
+    end
+  else
+    local deadline = opt(deadline_arg)
+    if deadline and now > tonumber(deadline) then
+      -- no row and past the claim's deadline: recorded as missed, not run
+      redis.call('HSET', run_key, 'job', job, 'slot', slot_arg, 'state', 'missed',
+                 'attempt', '0', 'fence', '0', 'holder', '', 'run_id', '', 'trigger', trigger,
+                 'finished', s(now), 'cancel', '0', 'error', missed_error)
+      redis.call('ZADD', slots_key, slot_arg, slot_arg)
+      ensure_job(job_key, job)
+      if trigger == 'schedule' or trigger == 'exec' then raise_high_water(job_key, slot_arg) end
+      return 'missed'
     end
   end
   local lease = redis.call('HMGET', lease_key, 'expires', 'fence')
-  if exclusive == '1' and lease[1] and tonumber(lease[1]) > now then return false end
+  if exclusive == '1' and lease[1] and tonumber(lease[1]) > now then return 'busy' end
   local fence = now
   if lease[2] and tonumber(lease[2]) + 1 > fence then fence = tonumber(lease[2]) + 1 end
   if exclusive == '1' then
@@ -255,10 +270,10 @@ local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, e
 end
 local replies = {}
 for i = 1, #KEYS / 4 do
-  local k, a = (i - 1) * 4, 4 + (i - 1) * 8
+  local k, a = (i - 1) * 4, 5 + (i - 1) * 9
   replies[i] = claim(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
                      ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
-                     ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+                     ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9])
 end
 return replies
 """
@@ -699,7 +714,7 @@ class _RedisLedger:
 
     def run_claim(
         self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
-    ) -> Operation[list[RunRecord]]:
+    ) -> Operation[list[ClaimResult]]:
         if not claims:
             return []
         groups = self._claim_groups(claims)
@@ -711,6 +726,7 @@ class _RedisLedger:
                     ttl_us,
                     namespace,
                     LOST_ERROR,
+                    MISSED_ERROR,
                     *(arg for i in group for arg in _claim_args(claims[i])),
                 ),
             }
@@ -720,7 +736,19 @@ class _RedisLedger:
         by_index: dict[int, Any] = {}
         for group, reply in zip(groups, replies, strict=True):
             by_index.update(zip(group, reply, strict=True))
-        return [_run(namespace, by_index[i]) for i in range(len(claims)) if by_index[i]]
+        answers = []
+        for i, claim in enumerate(claims):
+            reply = by_index[i]
+            # A refusal is its reason as a status string; a claim, the run row (a list).
+            if isinstance(reply, bytes | str):
+                run: RunRecord | None = None
+                status = _text(reply)
+            else:
+                run, status = _run(namespace, reply), "claimed"
+            answers.append(
+                ClaimResult(job=claim.job, slot_us=claim.slot_us, status=status, run=run)
+            )
+        return answers
 
     def _claim_groups(self, claims: Sequence[SlotClaim]) -> list[list[int]]:
         """The claims (by index) each script call decides: all of them on one server (one
@@ -879,6 +907,7 @@ def _claim_args(claim: SlotClaim) -> tuple[object, ...]:
         claim.least_us,
         claim.job,
         job_lease_name(claim.job),
+        _opt(claim.deadline_us),
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from fleetcron.models import (
     PROGRESS_TRIGGERS,
+    ClaimResult,
     JobRecord,
     LeaseRecord,
     RunOutcome,
@@ -95,9 +96,9 @@ class SqliteOperations(SqlOperations, SqlLedger):
     # -- the ledger ----------------------------------------------------------------------
     def run_claim(
         self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
-    ) -> Operation[list[RunRecord]]:
+    ) -> Operation[list[ClaimResult]]:
         now = yield from self._now()
-        claimed = []
+        answers = []
         for claim in claims:
             lease_name = job_lease_name(claim.job)
             run = yield from self._run(namespace, claim.job, claim.slot_us, now)
@@ -115,6 +116,13 @@ class SqliteOperations(SqlOperations, SqlLedger):
             )
             if decision.closed is not None:
                 yield self._put_run(decision.closed)
+                if decision.status == "missed" and claim.trigger in PROGRESS_TRIGGERS:
+                    yield from self._raise_high_water(namespace, claim.job, claim.slot_us, now)
+            answers.append(
+                ClaimResult(
+                    job=claim.job, slot_us=claim.slot_us, status=decision.status, run=decision.run
+                )
+            )
             if decision.run is None or decision.lease is None:
                 continue
             new_lease = LeaseRecord(**{**asdict(decision.lease), "name": lease_name})
@@ -122,8 +130,7 @@ class SqliteOperations(SqlOperations, SqlLedger):
             yield self._put_run(decision.run)
             if claim.trigger in PROGRESS_TRIGGERS:
                 yield from self._raise_high_water(namespace, claim.job, claim.slot_us, now)
-            claimed.append(decision.run)
-        return claimed
+        return answers
 
     def run_extend(
         self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int

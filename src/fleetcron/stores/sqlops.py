@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from fleetcron.models import (
+    ClaimResult,
     JobRecord,
     LeaseRecord,
     RunOutcome,
@@ -28,7 +29,7 @@ from fleetcron.stores.base import (
     rows_to_records,
     rows_to_runs,
 )
-from fleetcron.stores.ledger import LOST_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 
 __all__ = [
     "Migration",
@@ -211,7 +212,9 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
         "least_us": claim.least_us,
         "holder": holder,
         "ttl_us": ttl_us,
+        "deadline_us": claim.deadline_us,
         "lost_error": LOST_ERROR,
+        "missed_error": MISSED_ERROR,
         "output_limit": OUTPUT_LIMIT,
     }
 
@@ -230,15 +233,21 @@ class SqlLedger:
 
     def run_claim(
         self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
-    ) -> Operation[list[RunRecord]]:
+    ) -> Operation[list[ClaimResult]]:
         if not claims:
             return []
         batch = tuple(claim_params(namespace, claim, holder, ttl_us) for claim in claims)
         results: list[SqlResult] = yield Statement("run_claim", batch=batch)
-        claimed: list[RunRecord] = []
-        for result in results:
-            claimed.extend(rows_to_runs(namespace, result.rows))
-        return claimed
+        answers: list[ClaimResult] = []
+        # Each claim answers exactly one row: (status, run columns… or NULLs).
+        for claim, result in zip(claims, results, strict=True):
+            (row,) = result.rows
+            status = _decode(row[0])
+            run = rows_to_runs(namespace, [row[1:]])[0] if status == "claimed" else None
+            answers.append(
+                ClaimResult(job=claim.job, slot_us=claim.slot_us, status=status, run=run)
+            )
+        return answers
 
     def run_extend(
         self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int

@@ -167,14 +167,25 @@ SELECT state, attempt, expires_us, retry_at_us
 -- failed and due for a retry: attempt + 1; anything else: not claimed.
 SET @fc_expired = IF(@fc_state = 'running' AND @fc_rexp <= @fc_now, 1, 0);
 SET @fc_lost = IF(@fc_go = 1 AND @fc_expired = 1 AND @fc_attempt >= %(max_attempts)s, 1, 0);
-SET @fc_ok = IF(
-    @fc_go = 1 AND @fc_lost = 0
+-- 4. No row and past the claim's deadline: recorded as missed, not run.
+SET @fc_miss = IF(@fc_go = 1 AND @fc_state IS NULL AND %(deadline_us)s IS NOT NULL
+                  AND @fc_now > %(deadline_us)s, 1, 0);
+SET @fc_can = IF(
+    @fc_go = 1 AND @fc_lost = 0 AND @fc_miss = 0
     AND (@fc_state IS NULL OR @fc_state = 'queued' OR @fc_expired = 1
          OR (@fc_state = 'failed' AND @fc_retry <= @fc_now
-             AND @fc_attempt < %(max_attempts)s))
-    -- 4. An exclusive claim needs the job lease free.
-    AND NOT (%(exclusive)s AND @fc_lheld = 1),
+             AND @fc_attempt < %(max_attempts)s)),
     1, 0);
+-- 5. An exclusive claim needs the job lease free.
+SET @fc_ok = IF(@fc_can = 1 AND NOT (%(exclusive)s AND @fc_lheld = 1), 1, 0);
+-- The answer (fleetcron.models.CLAIM_STATUSES): the first rule that refused, or claimed.
+SET @fc_why = CASE
+    WHEN %(slot_us)s > @fc_now THEN 'not_due'
+    WHEN COALESCE(@fc_paused, 0) = 1 AND %(trigger)s = 'schedule' THEN 'paused'
+    WHEN @fc_miss = 1 THEN 'missed'
+    WHEN @fc_ok = 1 THEN 'claimed'
+    WHEN @fc_can = 1 THEN 'busy'
+    ELSE 'taken' END;
 -- (assignments run left to right: the note names the attempt that was lost)
 SET @fc_note = IF(@fc_expired = 1,
                   CONCAT('attempt ', @fc_attempt, ' lost: ', %(lost_error)s), NULL),
@@ -184,7 +195,14 @@ UPDATE fleetcron_run
    SET state = 'lost', finished_us = @fc_now, expires_us = NULL, error = %(lost_error)s
  WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
    AND @fc_lost = 1;
--- 5. The run row becomes the new attempt.
+INSERT INTO fleetcron_run
+    (namespace, job, slot_us, state, attempt, fence, holder, run_id, `trigger`,
+     started_us, finished_us, expires_us, retry_at_us, cancel_requested, exit_code,
+     error, output)
+SELECT %(namespace)s, %(job)s, %(slot_us)s, 'missed', 0, 0, '', '', %(trigger)s, NULL,
+       @fc_now, NULL, NULL, FALSE, NULL, %(missed_error)s, NULL
+  FROM DUAL WHERE @fc_miss = 1;
+-- 6. The run row becomes the new attempt.
 UPDATE fleetcron_run
    SET state = 'running', attempt = @fc_attempt, fence = @fc_fence, holder = %(holder)s,
        run_id = %(run_id)s, `trigger` = %(trigger)s, started_us = @fc_now,
@@ -200,7 +218,7 @@ SELECT %(namespace)s, %(job)s, %(slot_us)s, 'running', @fc_attempt, @fc_fence, %
        %(run_id)s, %(trigger)s, @fc_now, NULL, @fc_now + %(ttl_us)s, NULL, FALSE, NULL,
        @fc_note, NULL
   FROM DUAL WHERE @fc_ok = 1 AND @fc_state IS NULL;
--- 4. Exclusive claims take the job lease; the others only move its fence.
+-- 5. Exclusive claims take the job lease; the others only move its fence.
 UPDATE fleetcron_lease
    SET holder = IF(%(exclusive)s, %(holder)s, holder),
        fence = @fc_fence,
@@ -212,16 +230,18 @@ UPDATE fleetcron_lease
                       TIMESTAMPADD(MICROSECOND, %(least_us)s, CAST(@fc_t AS DATETIME(6))),
                       min_until)
  WHERE namespace = %(namespace)s AND name = %(lease_name)s AND @fc_ok = 1;
--- 6. The job's high-water mark (schedule progress only: not manual or backfill runs).
+-- 7. The job's high-water mark (schedule progress only: not manual or backfill runs).
 UPDATE fleetcron_job
    SET high_water_us = GREATEST(COALESCE(high_water_us, %(slot_us)s), %(slot_us)s)
- WHERE namespace = %(namespace)s AND job = %(job)s AND @fc_ok = 1
+ WHERE namespace = %(namespace)s AND job = %(job)s AND (@fc_ok = 1 OR @fc_miss = 1)
    AND %(trigger)s IN ('schedule', 'exec');
-SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
-       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       @fc_now
-  FROM fleetcron_run
- WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
+-- Exactly one row: the answer, then the claimed run's columns (NULL when not claimed).
+SELECT @fc_why, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id,
+       r.`trigger`, r.started_us, r.finished_us, r.expires_us, r.retry_at_us,
+       r.cancel_requested, r.exit_code, r.error, r.output, @fc_now
+  FROM (SELECT 1 AS one) AS answer
+  LEFT JOIN fleetcron_run AS r
+    ON r.namespace = %(namespace)s AND r.job = %(job)s AND r.slot_us = %(slot_us)s
    AND @fc_ok = 1;
 COMMIT;
 

@@ -122,7 +122,7 @@ SELECT * FROM fleetcron_run_claim(
     %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
     %(run_id)s::text, %(exclusive)s::boolean, %(max_attempts)s::integer,
     %(trigger)s::text, %(least_us)s::bigint, %(holder)s::text, %(ttl_us)s::bigint,
-    %(lost_error)s::text);
+    %(lost_error)s::text, %(deadline_us)s::bigint, %(missed_error)s::text);
 
 -- name: run_extend
 SELECT * FROM fleetcron_run_extend(
