@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import json
 import logging
 import random
@@ -42,6 +44,7 @@ LEADER_LEASE = "fleetcron:leader"
 _LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = skip)
 _RECOVERY_EVERY_S = 2.0
 _MISSED_RECORD_LIMIT = 1_000
+_SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,12 +113,16 @@ class Scheduler:
         self._jobs: dict[str, _Job] = {}
         self._running: dict[tuple[str, int], _Running] = {}
         self._pending: deque[SlotClaim] = deque()
+        # Each job's next fire time (slot + jitter) in a heap: a tick looks at the due jobs
+        # only, so its cost follows the work due, not the number of jobs defined.
+        self._due: list[tuple[int, str]] = []
         self._catching_up: set[tuple[str, int]] = set()
         self._retries: dict[tuple[str, int], tuple[int, int]] = {}  # → (due µs, attempt)
         self._offset_us = 0
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
         self._last_recovery = 0.0
+        self._contended = False  # the last claims found slots other replicas had taken
 
     # -- public control ----------------------------------------------------------------
     def stop(self) -> None:
@@ -175,6 +182,7 @@ class Scheduler:
             # so slots missed while every replica was down meet the catch-up policy.
             cursor = high_water if high_water is not None else store_now
             self._jobs[spec.name] = _Job(spec=spec, cursor_us=cursor)
+            self._schedule_next(self._jobs[spec.name])
 
     # -- leader mode -----------------------------------------------------------------------
     async def _lead(self) -> None:
@@ -262,10 +270,8 @@ class Scheduler:
     def _sleep_s(self) -> float:
         now = self._now()
         soonest = now + round(self.options.tick_s * 1e6)
-        for job in self._jobs.values():
-            nxt = job.spec.schedule.next_after(job.cursor_us)
-            if nxt is not None:
-                soonest = min(soonest, nxt + jitter_us(job.spec.name, nxt, job.spec.jitter_us))
+        if self._due:
+            soonest = min(soonest, self._due[0][0])
         # A few random milliseconds past the slot: replicas wake in a different order each
         # time, so the runs of a single job spread over them instead of going to one.
         spread = random.uniform(0.002, 0.03)
@@ -276,21 +282,40 @@ class Scheduler:
         # host's clock, which may be wrong (a replica whose clock ran ahead must not record
         # future slots as missed or skipped for the whole fleet).
         now = await self._sync_clock()
-        for job in self._jobs.values():
-            await self._collect(job, now)
+        fresh: list[list[SlotClaim]] = []
+        while self._due and self._due[0][0] <= now:
+            _, name = heapq.heappop(self._due)
+            job = self._jobs[name]
+            fresh.append(await self._collect(job, now))
+            self._schedule_next(job)
+        # Every replica collects the same slots at the same moment: each one queues the
+        # jobs in its own random order (a job's slots stay in order), so their first
+        # claims land on different jobs instead of all queueing on the same job leases.
+        random.shuffle(fresh)
+        for claims in fresh:
+            self._pending.extend(claims)
         self._collect_retries(now)
         if loop_time - self._last_recovery >= _RECOVERY_EVERY_S:
             self._last_recovery = loop_time
             await self._recover()
         await self._claim(now)
 
-    async def _collect(self, job: _Job, now: int) -> None:
-        """Queue the job's due slots; record the ones catch-up gives up as ``missed``."""
+    def _schedule_next(self, job: _Job) -> None:
+        """Put the job's next slot after its cursor, with its jitter, in the due heap."""
+        spec = job.spec
+        following = spec.schedule.next_after(job.cursor_us)
+        if following is not None:
+            fire = following + jitter_us(spec.name, following, spec.jitter_us)
+            heapq.heappush(self._due, (fire, spec.name))
+
+    async def _collect(self, job: _Job, now: int) -> list[SlotClaim]:
+        """The job's due slots to claim; the ones catch-up gives up are recorded
+        ``missed``."""
         spec = job.spec
         due = spec.schedule.slots_between(job.cursor_us, now, limit=100_000)
         ready = [s for s in due if s + jitter_us(spec.name, s, spec.jitter_us) <= now]
         if not ready:
-            return
+            return []
         job.cursor_us = ready[-1]
         on_time = [s for s in ready if now - s <= _LATE_TOLERANCE_US + spec.jitter_us]
         late = [s for s in ready if s not in on_time]
@@ -321,11 +346,12 @@ class Scheduler:
                 spec.catchup,
                 extra={"action": "slot_missed", "job": spec.name, "count": len(missed)},
             )
-        for slot in take:
-            claim = self._claim_for(spec, slot, "schedule", deadline_us=_deadline(spec, slot))
-            self._pending.append(claim)
         # Caught-up slots run one after another, not "skipped while the previous runs".
         self._catching_up.update((spec.name, slot) for slot in take if slot not in on_time)
+        return [
+            self._claim_for(spec, slot, "schedule", deadline_us=_deadline(spec, slot))
+            for slot in take
+        ]
 
     def _claim_for(
         self, spec: JobSpec, slot: int, trigger: str, *, deadline_us: int | None = None
@@ -368,11 +394,28 @@ class Scheduler:
             if not await self._claim_batch(now):
                 return
 
+    async def _sift(self, room: int) -> None:
+        """Drop waiting slots other replicas already have, learnt in one cheap read, so
+        that claims (which lock and write) go to slots still free."""
+        head = list(itertools.islice(self._pending, max(4 * room, _SIFT_AT_LEAST)))
+        asked = [(c.job, c.slot_us) for c in head if c.trigger == "schedule"]
+        if not asked:
+            return
+        settled = await self.store.run(self.ops.run_settled(self.options.namespace, asked))
+        if not settled:
+            return
+        for _ in head:  # nothing else touches the queue while this tick awaits
+            self._pending.popleft()
+        self._pending.extendleft(reversed([c for c in head if (c.job, c.slot_us) not in settled]))
+        self._catching_up -= settled
+
     async def _claim_batch(self, now: int) -> bool:
         """Claim one batch; whether some slot turned out taken elsewhere."""
         room = self.options.concurrency - len(self._running)
         if room <= 0 or not (self._pending or any(j.buffered for j in self._jobs.values())):
             return False
+        if self._contended and self._pending:
+            await self._sift(room)
         claims: list[SlotClaim] = []
         for job in self._jobs.values():
             if job.buffered is not None and len(claims) < room:
@@ -401,6 +444,9 @@ class Scheduler:
                 self.ops.run_claim(self.options.namespace, batch, self.holder, ttl)
             )
             answers += zip(batch, results, strict=True)
+        if answers:  # a quarter or more taken by others: sift the queue before claiming
+            taken = sum(1 for _, answer in answers if answer.status == "taken")
+            self._contended = 4 * taken >= len(answers)
         freed = False
         for claim, answer in answers:
             if answer.status in ("claimed", "taken", "missed"):

@@ -188,6 +188,9 @@ class Ledger:
     def get(self, job: str, slot_us: int) -> RunRecord | None:
         return self.store.run(self.ops.run_get(self.namespace, job, slot_us))
 
+    def settled(self, slots: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+        return self.store.run(self.ops.run_settled(self.namespace, list(slots)))
+
     def must_get(self, job: str, slot_us: int) -> RunRecord:
         run = self.get(job, slot_us)
         assert run is not None, f"no ledger row for {job!r} slot {slot_us}"
@@ -1196,6 +1199,30 @@ def test_run_record_never_overwrites_a_running_or_finished_row(ledger: Ledger) -
 
     assert stored(ledger.must_get("job", s1)) == stored(running)
     assert stored(ledger.must_get("job", s2)) == stored(done)
+
+
+def test_run_settled_names_the_slots_with_a_row_other_than_queued(ledger: Ledger) -> None:
+    s1, s2, s3, s4, s5 = ledger.past_slots(5)
+    running = ledger.must_claim("a", s1)
+    ledger.must_claim("b", s2, exclusive=False)
+    assert ledger.finish(ledger.must_claim("b", s3, exclusive=False))
+    assert ledger.record("a", s4, "missed")
+    assert ledger.record("a", s5, "queued", trigger="manual")
+    assert ledger.elsewhere().record("c", s1, "skipped")
+    odd = "naïve ☃ 名前"
+    ledger.must_claim(odd, s2)
+    asked = [("a", s1), ("b", s2), ("b", s3), ("a", s4), ("a", s5), ("c", s1), ("a", s2)]
+
+    assert ledger.settled([*asked, (odd, s2)]) == {
+        ("a", s1),
+        ("b", s2),
+        ("b", s3),
+        ("a", s4),
+        (odd, s2),
+    }
+    assert ledger.settled([]) == set()
+    assert ledger.settled([("a", s5)]) == set(), "queued rows are still to be claimed"
+    assert stored(ledger.must_get("a", s1)) == stored(running), "a read changes nothing"
 
 
 def test_run_get_of_a_slot_without_a_row_is_none(ledger: Ledger) -> None:

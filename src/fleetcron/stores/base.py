@@ -180,6 +180,13 @@ class LedgerOperations(Protocol):
         """Ask the job's running attempts to stop; returns how many were asked."""
         ...
 
+    def run_settled(
+        self, namespace: str, slots: Sequence[tuple[str, int]]
+    ) -> Operation[set[tuple[str, int]]]:
+        """Which of these ``(job, slot_us)`` already have a row other than ``queued``: a
+        schedule claim of them can only be refused. One cheap read for many slots."""
+        ...
+
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         """The ledger row of one slot."""
         ...

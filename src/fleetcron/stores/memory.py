@@ -304,6 +304,16 @@ class _MemoryLedger:
         result: list[RunRecord] = yield _step(step)
         return result
 
+    def run_settled(
+        self, namespace: str, slots: Sequence[tuple[str, int]]
+    ) -> Operation[set[tuple[str, int]]]:
+        def step(state: _State, _now: int) -> set[tuple[str, int]]:
+            found = ((job, slot, state.runs.get((namespace, job, slot))) for job, slot in slots)
+            return {(job, slot) for job, slot, run in found if run and run.state != "queued"}
+
+        result: set[tuple[str, int]] = yield _step(step)
+        return result
+
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         def step(state: _State, now: int) -> RunRecord | None:
             run = state.runs.get((namespace, job, slot_us))

@@ -383,6 +383,13 @@ return run_row(KEYS[1])
 """
 )
 
+RUN_SETTLED = """
+-- KEYS[1] run row; returns 1 when it exists in a state other than queued, else 0
+local state = redis.call('HGET', KEYS[1], 'state')
+if state and state ~= 'queued' then return 1 end
+return 0
+"""
+
 RUN_LIST = (
     _NOW
     + _LEDGER
@@ -501,6 +508,7 @@ SCRIPTS = {
     "run_record": RUN_RECORD,
     "run_cancel": RUN_CANCEL,
     "run_get": RUN_GET,
+    "run_settled": RUN_SETTLED,
     "run_list": RUN_LIST,
     "run_due": RUN_DUE,
     "run_prune": RUN_PRUNE,
@@ -813,6 +821,16 @@ class _RedisLedger:
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
         reply = yield Statement("run_cancel", {"argv": ()}, keys=(slots_key(namespace, job),))
         return int(reply)
+
+    def run_settled(
+        self, namespace: str, slots: Sequence[tuple[str, int]]
+    ) -> Operation[set[tuple[str, int]]]:
+        if not slots:
+            return set()
+        # One call per run key (any hash slot), all in one pipeline.
+        keys = tuple(run_key(namespace, job, slot) for job, slot in slots)
+        replies = yield Statement("run_settled[]", {"argv": ()}, keys=keys)
+        return {pair for pair, reply in zip(slots, replies, strict=True) if int(reply)}
 
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         reply = yield Statement("run_get", {"argv": ()}, keys=(run_key(namespace, job, slot_us),))

@@ -7,6 +7,7 @@ three dialects share one implementation of every operation.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -315,6 +316,16 @@ class SqlLedger:
     def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
         result: SqlResult = yield Statement("run_due", {"namespace": namespace, "limit": limit})
         return rows_to_runs(namespace, result.rows)
+
+    def run_settled(
+        self, namespace: str, slots: Sequence[tuple[str, int]]
+    ) -> Operation[set[tuple[str, int]]]:
+        if not slots:
+            return set()
+        # One JSON array of [job, slot_us] pairs: every dialect unpacks it server-side.
+        pairs = json.dumps([[job, slot] for job, slot in slots])
+        result: SqlResult = yield Statement("run_settled", {"namespace": namespace, "pairs": pairs})
+        return {(_decode(row[0]), int(row[1])) for row in result.rows}
 
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         result: SqlResult = yield Statement(

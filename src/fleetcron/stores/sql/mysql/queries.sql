@@ -335,6 +335,17 @@ UPDATE fleetcron_run SET cancel_requested = TRUE
  WHERE namespace = %(namespace)s AND job = %(job)s AND state = 'running'
    AND expires_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
 
+-- name: run_settled
+-- Which [job, slot_us] pairs of the JSON array have a row other than queued.
+SELECT r.job, r.slot_us
+  FROM JSON_TABLE(%(pairs)s, '$[*]' COLUMNS (
+           job VARCHAR(800) CHARACTER SET utf8mb4 PATH '$[0]',
+           slot_us BIGINT PATH '$[1]')) AS k
+  JOIN fleetcron_run AS r
+    ON r.namespace = %(namespace)s AND r.job = CAST(k.job AS BINARY)
+   AND r.slot_us = k.slot_us
+ WHERE r.state <> 'queued';
+
 -- name: run_get
 SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,

@@ -169,6 +169,15 @@ UPDATE fleetcron_run AS r SET cancel_requested = true
  WHERE r.namespace = %(namespace)s AND r.job = %(job)s
    AND r.state = 'running' AND r.expires_us > now.us;
 
+-- name: run_settled
+-- Which [job, slot_us] pairs of the JSON array have a row other than queued.
+SELECT r.job, r.slot_us
+  FROM jsonb_array_elements(%(pairs)s::jsonb) AS k(pair)
+  JOIN fleetcron_run AS r
+    ON r.namespace = %(namespace)s AND r.job = k.pair->>0
+   AND r.slot_us = (k.pair->>1)::bigint
+ WHERE r.state <> 'queued';
+
 -- name: run_get
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,

@@ -139,6 +139,15 @@ UPDATE fleetcron_run SET cancel_requested = 1
    AND expires_us > (SELECT t FROM now)
 RETURNING 1;
 
+-- name: run_settled
+-- Which [job, slot_us] pairs of the JSON array have a row other than queued.
+SELECT r.job, r.slot_us
+  FROM json_each(:pairs) AS k
+  JOIN fleetcron_run AS r
+    ON r.namespace = :namespace AND r.job = json_extract(k.value, '$[0]')
+   AND r.slot_us = json_extract(k.value, '$[1]')
+ WHERE r.state <> 'queued';
+
 -- name: run_get
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,

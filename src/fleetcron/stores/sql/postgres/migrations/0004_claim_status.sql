@@ -37,6 +37,7 @@ DECLARE
     v_note    text := NULL;
     v_fence   bigint;
     v_missed  boolean;
+    v_expires bigint;
 BEGIN
     -- 1. A slot the store's clock has not reached.
     IF p_slot_us > v_now THEN
@@ -52,10 +53,13 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    -- A final row other than failed never changes again: refuse without locking.
-    SELECT r.state INTO v_state FROM fleetcron_run AS r
+    -- A final row other than failed never changes again, and a running attempt whose
+    -- lease is valid at v_now cannot be claimed at v_now: refuse without locking (most
+    -- claims a busy fleet sends are for slots another replica already has).
+    SELECT r.state, r.expires_us INTO v_state, v_expires FROM fleetcron_run AS r
      WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us;
-    IF v_state IS NOT NULL AND v_state NOT IN ('running', 'failed', 'queued') THEN
+    IF (v_state IS NOT NULL AND v_state NOT IN ('running', 'failed', 'queued'))
+       OR (v_state = 'running' AND v_expires > v_now) THEN
         r_status := 'taken';
         RETURN NEXT;
         RETURN;
