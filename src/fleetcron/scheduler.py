@@ -736,8 +736,8 @@ def _deadline(spec: JobSpec, slot: int) -> int:
     """The store time by which a slot's first attempt must start, else it is recorded as
     ``missed`` at claim time: a replica that fell behind sheds stale slots under the
     job's catch-up policy instead of running them late. ``skip``: while the slot is on
-    time; ``all``: within the catch-up window; ``latest``: within the window until the
-    next slot is due (a newer slot supersedes it) — never before the on-time bound."""
+    time; ``all``: within the catch-up window; ``latest``: until the next slot fires (a
+    newer slot supersedes it), within the window."""
     on_time = slot + _LATE_TOLERANCE_US + spec.jitter_us
     if spec.catchup == "skip":
         return on_time
@@ -745,5 +745,5 @@ def _deadline(spec: JobSpec, slot: int) -> int:
     if spec.catchup == "latest":
         following = spec.schedule.next_after(slot)
         if following is not None:
-            window = min(window, following + jitter_us(spec.name, following, spec.jitter_us))
+            return min(window, following + jitter_us(spec.name, following, spec.jitter_us))
     return max(on_time, window)
