@@ -34,7 +34,7 @@ from fleetcron.errors import ConfigurationError, FleetcronError, StoreError
 from fleetcron.executor import Cancellation, execute
 from fleetcron.jobsfile import JobSpec
 from fleetcron.lease import AsyncLease, LeaseTerms, new_holder, safety_margin_us
-from fleetcron.models import ClaimResult, RunOutcome, RunRecord, SlotClaim
+from fleetcron.models import ClaimResult, JobRecord, RunOutcome, RunRecord, SlotClaim
 from fleetcron.schedules import jitter_us
 from fleetcron.stores.base import AsyncStore, LedgerOperations
 
@@ -44,6 +44,7 @@ LEADER_LEASE = "fleetcron:leader"
 _LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = skip)
 _RECOVERY_EVERY_S = 2.0
 _MISSED_RECORD_LIMIT = 1_000
+_REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
 
 
@@ -163,26 +164,43 @@ class Scheduler:
     async def _register(self) -> None:
         ns = self.options.namespace
         store_now = await self._sync_clock()
-        for spec in self.specs.values():
-            definition = json.dumps(spec.definition(), sort_keys=True)
-            before = await self.store.run(
-                self.ops.job_register(ns, spec.name, definition, spec.fingerprint())
-            )
-            if before is not None and before.fingerprint not in ("", spec.fingerprint()):
-                log.warning(
-                    "job %s is defined differently by another replica (fingerprint %s, "
-                    "here %s); the last registration wins for status displays",
-                    spec.name,
-                    before.fingerprint,
-                    spec.fingerprint(),
-                    extra={"action": "job_definition_conflict", "job": spec.name},
+        specs = list(self.specs.values())
+        # Each replica registers in its own order, in batches (one round trip each), so
+        # replicas starting together do not queue on the same job rows.
+        random.shuffle(specs)
+        for start in range(0, len(specs), _REGISTER_BATCH):
+            chunk = specs[start : start + _REGISTER_BATCH]
+            fingerprints = [spec.fingerprint() for spec in chunk]
+            befores = await self.store.run(
+                self.ops.job_register(
+                    ns,
+                    [
+                        (spec.name, json.dumps(spec.definition(), sort_keys=True), fp)
+                        for spec, fp in zip(chunk, fingerprints, strict=True)
+                    ],
                 )
-            high_water = before.high_water_us if before is not None else None
-            # A job new to the fleet starts now; a known one resumes after its last slot,
-            # so slots missed while every replica was down meet the catch-up policy.
-            cursor = high_water if high_water is not None else store_now
-            self._jobs[spec.name] = _Job(spec=spec, cursor_us=cursor)
-            self._schedule_next(self._jobs[spec.name])
+            )
+            for spec, fingerprint, before in zip(chunk, fingerprints, befores, strict=True):
+                self._add_job(spec, fingerprint, before, store_now)
+
+    def _add_job(
+        self, spec: JobSpec, fingerprint: str, before: JobRecord | None, store_now: int
+    ) -> None:
+        if before is not None and before.fingerprint not in ("", fingerprint):
+            log.warning(
+                "job %s is defined differently by another replica (fingerprint %s, "
+                "here %s); the last registration wins for status displays",
+                spec.name,
+                before.fingerprint,
+                fingerprint,
+                extra={"action": "job_definition_conflict", "job": spec.name},
+            )
+        high_water = before.high_water_us if before is not None else None
+        # A job new to the fleet starts now; a known one resumes after its last slot,
+        # so slots missed while every replica was down meet the catch-up policy.
+        cursor = high_water if high_water is not None else store_now
+        self._jobs[spec.name] = _Job(spec=spec, cursor_us=cursor)
+        self._schedule_next(self._jobs[spec.name])
 
     # -- leader mode -----------------------------------------------------------------------
     async def _lead(self) -> None:

@@ -205,7 +205,9 @@ class Ledger:
     # -- jobs ----------------------------------------------------------------------------
 
     def register(self, job: str, definition: str = "{}", fingerprint: str = "") -> Any:
-        return self.store.run(self.ops.job_register(self.namespace, job, definition, fingerprint))
+        return self.store.run(
+            self.ops.job_register(self.namespace, [(job, definition, fingerprint)])
+        )[0]
 
     def pause(self, job: str, paused: bool = True) -> bool:
         return self.store.run(self.ops.job_set_paused(self.namespace, job, paused))
@@ -1321,6 +1323,24 @@ def test_job_register_returns_none_for_a_new_job_then_the_row_as_it_was_before(
     again = ledger.must_job("job")
     assert (json.loads(again.definition), again.fingerprint) == ({"schedule": "@hourly"}, "fp-2")
     assert again.updated_us >= row.updated_us
+
+
+def test_job_register_of_many_jobs_answers_each_in_input_order(ledger: Ledger) -> None:
+    assert ledger.register("b", '{"v": 0}', "fp-b0") is None
+    many = [(f"job-{k:03d}", f'{{"k": {k}}}', f"fp-{k}") for k in range(120)]
+    registered = [many[7], ("b", '{"v": 1}', "fp-b1"), *many]
+
+    befores = ledger.store.run(ledger.ops.job_register(ledger.namespace, registered))
+
+    assert len(befores) == len(registered)
+    assert befores[0] is None and all(before is None for before in befores[2:9])
+    assert befores[1] is not None and befores[1].fingerprint == "fp-b0"
+    assert befores[9] is not None and befores[9].fingerprint == "fp-7", "seen earlier"
+    rows = {row.job: row for row in ledger.store.run(ledger.ops.job_list(ledger.namespace))}
+    assert {name: (row.definition, row.fingerprint) for name, row in rows.items()} == {
+        name: (definition, fp) for name, definition, fp in registered
+    }
+    assert ledger.store.run(ledger.ops.job_register(ledger.namespace, [])) == []
 
 
 def test_job_register_keeps_the_paused_flag_and_the_progress(ledger: Ledger) -> None:

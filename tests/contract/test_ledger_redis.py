@@ -410,7 +410,7 @@ def test_a_paused_job_is_claimed_by_a_manual_trigger_not_by_its_schedule(
     rs: RedisStore, namespace: str
 ) -> None:
     assert not rs.run(rs.ops.job_set_paused(namespace, "backup", True))  # unknown job
-    rs.run(rs.ops.job_register(namespace, "backup", "{}", "fp"))
+    rs.run(rs.ops.job_register(namespace, [("backup", "{}", "fp")]))
     assert rs.run(rs.ops.job_set_paused(namespace, "backup", True))
     slot = now(rs) - 1_000
 
@@ -456,7 +456,7 @@ def test_high_water_moves_with_claims_and_records_and_never_back(
         assert job is not None
         return job.high_water_us
 
-    rs.run(rs.ops.job_register(namespace, "backup", "{}", "fp"))
+    rs.run(rs.ops.job_register(namespace, [("backup", "{}", "fp")]))
     assert high_water() is None
     one(rs, namespace, "backup", base + 5, exclusive=False)
     assert high_water() == base + 5
@@ -522,11 +522,11 @@ def test_prune_drops_rows_finished_longer_ago_than_the_age(rs: RedisStore, names
 def test_register_returns_the_previous_row_and_keeps_pause_and_progress(
     rs: RedisStore, namespace: str
 ) -> None:
-    assert rs.run(rs.ops.job_register(namespace, "backup", '{"v": 1}', "fp1")) is None
+    assert rs.run(rs.ops.job_register(namespace, [("backup", '{"v": 1}', "fp1")])) == [None]
     rs.run(rs.ops.job_set_paused(namespace, "backup", True))
     one(rs, namespace, "backup", now(rs) - 1_000, trigger="manual")
 
-    before = rs.run(rs.ops.job_register(namespace, "backup", '{"v": 2}', "fp2"))
+    (before,) = rs.run(rs.ops.job_register(namespace, [("backup", '{"v": 2}', "fp2")]))
     assert before is not None
     assert (before.definition, before.fingerprint, before.paused) == ('{"v": 1}', "fp1", True)
     after = rs.run(rs.ops.job_get(namespace, "backup"))
@@ -540,7 +540,7 @@ def test_a_job_first_seen_by_a_claim_has_an_empty_definition(
     rs: RedisStore, namespace: str
 ) -> None:
     one(rs, namespace, "zeta", now(rs) - 1_000)
-    rs.run(rs.ops.job_register(namespace, "alpha", '{"cron": "@daily"}', "fp"))
+    rs.run(rs.ops.job_register(namespace, [("alpha", '{"cron": "@daily"}', "fp")]))
 
     jobs = rs.run(rs.ops.job_list(namespace))
     assert [(job.job, job.definition, job.fingerprint) for job in jobs] == [

@@ -353,7 +353,9 @@ def test_a_paused_job_is_not_claimed_by_its_schedule_but_is_by_hand(
     store: SyncStore, namespace: str
 ) -> None:
     assert not store.run(ledger(store).job_set_paused(namespace, "job", True))  # unknown job
-    assert store.run(ledger(store).job_register(namespace, "job", '{"every": "1m"}', "fp")) is None
+    assert store.run(ledger(store).job_register(namespace, [("job", '{"every": "1m"}', "fp")])) == [
+        None
+    ]
     assert store.run(ledger(store).job_set_paused(namespace, "job", True))
     slot = now_us(store) - 1
 
@@ -450,11 +452,11 @@ def test_run_cancel_flags_unexpired_running_attempts(store: SyncStore, namespace
 def test_job_register_returns_the_previous_row_and_keeps_pause_and_progress(
     store: SyncStore, namespace: str
 ) -> None:
-    assert store.run(ledger(store).job_register(namespace, "job", '{"v": 1}', "fp1")) is None
+    assert store.run(ledger(store).job_register(namespace, [("job", '{"v": 1}', "fp1")])) == [None]
     assert store.run(ledger(store).job_set_paused(namespace, "job", True))
     assert one(store, namespace, "job", now_us(store) - 1, trigger="manual") is not None
 
-    before = store.run(ledger(store).job_register(namespace, "job", '{"v": 2}', "fp2"))
+    (before,) = store.run(ledger(store).job_register(namespace, [("job", '{"v": 2}', "fp2")]))
 
     assert before is not None
     assert (before.definition, before.fingerprint, before.paused) == ('{"v": 1}', "fp1", True)

@@ -412,14 +412,21 @@ def test_prune_scans_job_rows_then_prunes_each_job_and_adds_up() -> None:
 
 
 # -- jobs and the clock ------------------------------------------------------------------------
-def test_register_returns_the_row_as_it_was_before() -> None:
-    execute = FakeExecute(False, JOB_REPLY)
+def test_register_is_one_pipeline_of_calls_returning_each_row_as_it_was_before() -> None:
+    execute = FakeExecute([False], [JOB_REPLY, False])
 
-    assert drive(REDIS.job_register(NS, "backup", "{}", "fp0"), execute) is None
-    assert drive(REDIS.job_register(NS, "backup", "{}", "fp1"), execute) == JOB_ROW
+    assert drive(REDIS.job_register(NS, [("backup", "{}", "fp0")]), execute) == [None]
+    registered = [("backup", "{}", "fp1"), ("report", '{"every": "1m"}', "fp2")]
+    assert drive(REDIS.job_register(NS, registered), execute) == [JOB_ROW, None]
     assert execute.statements[1] == Statement(
-        "job_register", {"argv": ("backup", "{}", "fp1")}, keys=(JOB,)
+        "job_register",
+        batch=(
+            {"keys": (JOB,), "argv": ("backup", "{}", "fp1")},
+            {"keys": (job_key(NS, "report"),), "argv": ("report", '{"every": "1m"}', "fp2")},
+        ),
     )
+    assert drive(REDIS.job_register(NS, []), execute) == []
+    assert len(execute.statements) == 2, "nothing to register: no round trip"
 
 
 @pytest.mark.parametrize(("paused", "flag"), [(True, 1), (False, 0)])
@@ -485,7 +492,7 @@ def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
         0,  # job_set_paused
         [],  # run_prune: scan
         [],  # run_prune: run_prune[]
-        None,  # job_register
+        [None],  # job_register
         b"1",  # store_now
     )
     drive(REDIS.run_claim(NS, [SlotClaim(job="j", slot_us=1, run_id="r")], "h", 1), execute)
@@ -500,7 +507,7 @@ def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
     drive(REDIS.run_list(NS, None, 1), execute)
     drive(REDIS.job_set_paused(NS, "j", True), execute)
     drive(REDIS.run_prune(NS, 1, 1), execute)
-    drive(REDIS.job_register(NS, "j", "{}", ""), execute)
+    drive(REDIS.job_register(NS, [("j", "{}", "")]), execute)
     drive(REDIS.store_now(), execute)
 
     assert len(execute.names) == 17

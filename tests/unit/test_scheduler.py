@@ -207,7 +207,7 @@ async def test_a_paused_job_is_not_run_and_its_slots_are_recorded_as_skipped() -
     store = MemoryStore()
     calls: list[int] = []
     job = spec("quiet", lambda ctx: calls.append(ctx.slot_us))
-    store.run(store.ops.job_register(NS, "quiet", "{}", job.fingerprint()))
+    store.run(store.ops.job_register(NS, [("quiet", "{}", job.fingerprint())]))
     store.run(store.ops.job_set_paused(NS, "quiet", True))
 
     await run_replicas(store, [job], 0.9)

@@ -205,9 +205,10 @@ class LedgerOperations(Protocol):
         ...
 
     def job_register(
-        self, namespace: str, job: str, definition: str, fingerprint: str
-    ) -> Operation[JobRecord | None]:
-        """Upsert a job's definition; returns the row as it was before."""
+        self, namespace: str, jobs: Sequence[tuple[str, str, str]]
+    ) -> Operation[list[JobRecord | None]]:
+        """Upsert the definitions of ``(job, definition, fingerprint)`` in one round trip
+        (each job on its own); returns each job's row as it was before, in input order."""
         ...
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:

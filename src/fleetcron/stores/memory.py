@@ -356,17 +356,24 @@ class _MemoryLedger:
         return result
 
     def job_register(
-        self, namespace: str, job: str, definition: str, fingerprint: str
-    ) -> Operation[JobRecord | None]:
-        def step(state: _State, now: int) -> JobRecord | None:
-            before = state.jobs.get((namespace, job))
-            base = before if before is not None else new_job(namespace, job, now)
-            state.jobs[(namespace, job)] = replace(
-                base, definition=definition, fingerprint=fingerprint, updated_us=now, now_us=now
-            )
-            return before
+        self, namespace: str, jobs: Sequence[tuple[str, str, str]]
+    ) -> Operation[list[JobRecord | None]]:
+        def step(state: _State, now: int) -> list[JobRecord | None]:
+            befores: list[JobRecord | None] = []
+            for job, definition, fingerprint in jobs:
+                before = state.jobs.get((namespace, job))
+                base = before if before is not None else new_job(namespace, job, now)
+                state.jobs[(namespace, job)] = replace(
+                    base,
+                    definition=definition,
+                    fingerprint=fingerprint,
+                    updated_us=now,
+                    now_us=now,
+                )
+                befores.append(before)
+            return befores
 
-        result: JobRecord | None = yield _step(step)
+        result: list[JobRecord | None] = yield _step(step)
         return result
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:

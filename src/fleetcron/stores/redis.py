@@ -873,14 +873,17 @@ class _RedisLedger:
         return sum(int(reply) for reply in replies)
 
     def job_register(
-        self, namespace: str, job: str, definition: str, fingerprint: str
-    ) -> Operation[JobRecord | None]:
-        reply = yield Statement(
-            "job_register",
-            {"argv": (job, definition, fingerprint)},
-            keys=(job_key(namespace, job),),
+        self, namespace: str, jobs: Sequence[tuple[str, str, str]]
+    ) -> Operation[list[JobRecord | None]]:
+        if not jobs:
+            return []
+        # One script call per job (each on its own key), all in one pipeline.
+        batch = tuple(
+            {"keys": (job_key(namespace, job),), "argv": (job, definition, fingerprint)}
+            for job, definition, fingerprint in jobs
         )
-        return _job(namespace, reply) if reply else None
+        replies = yield Statement("job_register", batch=batch)
+        return [_job(namespace, reply) if reply else None for reply in replies]
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
         reply = yield Statement(

@@ -207,19 +207,22 @@ class SqliteOperations(SqlOperations, SqlLedger):
         return len(result.rows)
 
     def job_register(
-        self, namespace: str, job: str, definition: str, fingerprint: str
-    ) -> Operation[JobRecord | None]:
+        self, namespace: str, jobs: Sequence[tuple[str, str, str]]
+    ) -> Operation[list[JobRecord | None]]:
         now = yield from self._now()
-        before = yield from self._job(namespace, job, now)
-        base = before if before is not None else new_job(namespace, job, now)
-        yield self._put_job(
-            JobRecord(
-                **{
-                    **asdict(base),
-                    "definition": definition,
-                    "fingerprint": fingerprint,
-                    "updated_us": now,
-                }
+        befores: list[JobRecord | None] = []
+        for job, definition, fingerprint in jobs:
+            before = yield from self._job(namespace, job, now)
+            base = before if before is not None else new_job(namespace, job, now)
+            yield self._put_job(
+                JobRecord(
+                    **{
+                        **asdict(base),
+                        "definition": definition,
+                        "fingerprint": fingerprint,
+                        "updated_us": now,
+                    }
+                )
             )
-        )
-        return before
+            befores.append(before)
+        return befores

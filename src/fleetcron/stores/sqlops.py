@@ -352,19 +352,20 @@ class SqlLedger:
         return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
 
     def job_register(
-        self, namespace: str, job: str, definition: str, fingerprint: str
-    ) -> Operation[JobRecord | None]:
-        result: SqlResult = yield Statement(
-            "job_register",
-            {
-                "namespace": namespace,
-                "job": job,
-                "definition": definition,
-                "fingerprint": fingerprint,
-            },
+        self, namespace: str, jobs: Sequence[tuple[str, str, str]]
+    ) -> Operation[list[JobRecord | None]]:
+        if not jobs:
+            return []
+        batch = tuple(
+            {"namespace": namespace, "job": job, "definition": definition, "fingerprint": fp}
+            for job, definition, fp in jobs
         )
-        jobs = rows_to_jobs(namespace, result.rows)
-        return jobs[0] if jobs else None
+        results: list[SqlResult] = yield Statement("job_register", batch=batch)
+        befores: list[JobRecord | None] = []
+        for result in results:
+            rows = rows_to_jobs(namespace, result.rows)
+            befores.append(rows[0] if rows else None)
+        return befores
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
         result: SqlResult = yield Statement(
