@@ -17,13 +17,15 @@ reads the store's clock (window start), waits ``--duration`` seconds, reads it a
 what it saw (slots it executed, ticks and store operations per wall-clock second) to a
 JSON file. The parent then reads the namespace's whole ledger with ``run_list`` and reports:
 
-- slots due inside the window (slot times from window start + 1 s to window end - 1 s);
+- slots due inside the window (slot times from window start + 1 s to window end - 1 s
+  - ``--jitter``);
 - runs (ledger rows of those slots that were claimed: ``running``/``succeeded``/``failed``);
 - slots run twice: slots :func:`noop` executed more than once across all replicas (an
   independent check; the ledger's primary key cannot show two rows for one slot), plus
   ledger rows with ``attempt > 1``;
 - slots never run inside the window, and rows ``skipped``/``missed``;
-- fire lag = ``started_us - slot_us`` (both the store's clock), p50/p99/max;
+- fire lag = ``started_us`` − fire time (the slot plus the job's jitter for it; both the
+  store's clock), p50/p99/max;
 - the share of runs per replica (from the ``host:pid`` prefix of ``holder``), min/max as a
   multiple of the fair share 1/R;
 - store operations per tick and per run, counted in each replica by wrapping
@@ -100,12 +102,20 @@ def job_name(i: int) -> str:
 
 
 async def replica_main(args: argparse.Namespace) -> None:
+    from fleetcron.durations import parse_duration
     from fleetcron.jobsfile import job_spec
     from fleetcron.scheduler import Scheduler, SchedulerOptions
     from fleetcron.stores import open_async_store, parse_store_url
 
     jobs = [
-        job_spec(job_name(i), where="bench", call=noop, every=args.every, overlap=args.overlap)
+        job_spec(
+            job_name(i),
+            where="bench",
+            call=noop,
+            every=args.every,
+            overlap=args.overlap,
+            jitter=args.jitter,
+        )
         for i in range(args.jobs)
     ]
     store = await open_async_store(parse_store_url(args.url))
@@ -113,7 +123,13 @@ async def replica_main(args: argparse.Namespace) -> None:
     scheduler = Scheduler(
         counting,  # type: ignore[arg-type]
         jobs,
-        SchedulerOptions(namespace=args.namespace, concurrency=args.concurrency, echo=False),
+        SchedulerOptions(
+            namespace=args.namespace,
+            concurrency=args.concurrency,
+            echo=False,
+            mode=args.mode,
+            leader_ttl_us=int(parse_duration(args.leader_ttl)),
+        ),
     )
     ticks: Counter[int] = Counter()
     tick = scheduler._tick  # wrapped on the instance to count ticks exactly
@@ -190,10 +206,26 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+def runs_per_second(runs: list[Any], origin_us: int) -> dict[str, int]:
+    """Runs started per second of the store's clock, from ``origin_us`` (may be negative)."""
+    counts = Counter((r.started_us - origin_us) // 1_000_000 for r in runs if r.started_us)
+    return {str(k): v for k, v in sorted(counts.items())}
+
+
 def every_us(every: str) -> int:
     from fleetcron.durations import parse_duration
 
     return int(parse_duration(every))
+
+
+def fire_time(args: argparse.Namespace) -> Any:
+    """A run's fire time: its slot plus the job's deterministic jitter for that slot (what
+    every replica waits for), so fire lag is the scheduler's delay, not the jitter."""
+    from fleetcron.durations import parse_duration
+    from fleetcron.schedules import jitter_us
+
+    spread = int(parse_duration(args.jitter))
+    return lambda r: r.slot_us + jitter_us(r.job, r.slot_us, spread)
 
 
 def resolve_url(backend: str, tmp: Path) -> str:
@@ -227,6 +259,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "--jobs", str(args.jobs),
                 "--every", args.every,
                 "--overlap", args.overlap,
+                "--jitter", args.jitter,
+                "--mode", args.mode,
+                "--leader-ttl", args.leader_ttl,
                 "--concurrency", str(args.concurrency),
                 "--ready-file", str(ready[i]),
                 "--report-file", str(reports[i]),
@@ -293,7 +328,8 @@ def summarise(
 ) -> dict[str, Any]:
     step = every_us(args.every)
     lo = int(window["start_us"]) + 1_000_000
-    hi = int(window["end_us"]) - 1_000_000
+    # a slot counts when its fire time (slot + jitter ≤ slot + --jitter) is inside the window
+    hi = int(window["end_us"]) - 1_000_000 - every_us(args.jitter)
     first = -(-lo // step) * step
     slot_times = list(range(first, hi + 1, step))
     expected = {(job_name(i), s) for i in range(args.jobs) for s in slot_times}
@@ -308,7 +344,8 @@ def summarise(
     twice_exec = sum(1 for n in executed.values() if n > 1)
     twice_exec_window = sum(1 for (_j, s), n in executed.items() if n > 1 and lo <= s <= hi)
     retried = sum(1 for r in rows if r.attempt > 1)
-    lags_ms = [(r.started_us - r.slot_us) / 1e3 for r in runs if r.started_us is not None]
+    fire = fire_time(args)
+    lags_ms = [(r.started_us - fire(r)) / 1e3 for r in runs if r.started_us is not None]
     pid_to_replica = {str(p.pid): i for i, p in enumerate(procs)}
     per_replica: Counter[int] = Counter()
     for r in rows:  # every claimed row, whatever its slot time
@@ -333,7 +370,7 @@ def summarise(
     seconds = max(1, s_hi - s_lo)
     runs_per_s = len(runs) / max(1e-9, (hi - lo) / 1e6)
     all_runs = [r for r in rows if r.state in CLAIMED]
-    all_lags_ms = [(r.started_us - r.slot_us) / 1e3 for r in all_runs if r.started_us is not None]
+    all_lags_ms = [(r.started_us - fire(r)) / 1e3 for r in all_runs if r.started_us is not None]
     newest_run = max((r.slot_us for r in all_runs), default=None)
     summary = {
         "all_rows": len(rows),
@@ -353,6 +390,8 @@ def summarise(
         "rows_attempt_gt_1": retried,
         "slots_never_run": len(never),
         "never_run_examples": sorted(never)[:5],
+        "lag_ms_percentiles": [percentile(lags_ms, q) for q in range(101)] if lags_ms else [],
+        "runs_started_per_s": runs_per_second(all_runs, int(window["start_us"])),
         "lag_ms_p50": percentile(lags_ms, 50),
         "lag_ms_p99": percentile(lags_ms, 99),
         "lag_ms_max": max(lags_ms) if lags_ms else None,
@@ -461,6 +500,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--every", default="1s", help="each job's `every`")
     parser.add_argument("--overlap", default="skip", help="each job's `overlap`")
+    parser.add_argument("--jitter", default="0s", help="each job's `jitter`")
+    parser.add_argument("--mode", default="claim", help="claim | leader")
+    parser.add_argument("--leader-ttl", default="15s", help="leader lease (mode = leader)")
     parser.add_argument("--startup-timeout", type=float, default=120.0)
     parser.add_argument("--keep", action="store_true", help="do not prune the ledger rows")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
