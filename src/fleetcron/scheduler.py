@@ -44,6 +44,7 @@ LEADER_LEASE = "fleetcron:leader"
 _LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = skip)
 _RECOVERY_EVERY_S = 2.0
 _MISSED_RECORD_LIMIT = 1_000
+_DUE_LIMIT = 200  # ledger rows to claim again, per recovery poll
 _REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
 
@@ -396,7 +397,11 @@ class Scheduler:
     async def _recover(self) -> None:
         """Pick up what the ledger says is due again: attempts whose holder vanished,
         retries another replica left, and queued runs (trigger, backfill) — oldest first."""
-        rows = await self.store.run(self.ops.run_due(self.options.namespace, 200))
+        # Only this replica's jobs: rows of jobs it does not define (another replica's,
+        # or a job since removed) must not fill the limit and starve its own.
+        rows = await self.store.run(
+            self.ops.run_due(self.options.namespace, _DUE_LIMIT, list(self.specs))
+        )
         waiting = {(c.job, c.slot_us) for c in self._pending}
         for row in rows:
             spec = self.specs.get(row.job)

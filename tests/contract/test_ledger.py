@@ -1460,3 +1460,24 @@ def test_run_due_lists_what_to_claim_again_oldest_first_however_old(ledger: Ledg
     assert [r.slot_us for r in ledger.store.run(ledger.ops.run_due(ledger.namespace, 1))] == [
         slots[0]
     ]
+
+
+def test_run_due_of_named_jobs_leaves_the_other_jobs_rows_out_of_the_limit(
+    ledger: Ledger,
+) -> None:
+    slots = ledger.past_slots(5)
+    odd = "naïve ☃ 名前"
+    for slot in slots[:3]:  # the oldest due rows belong to a job this caller does not run
+        assert ledger.record("gone", slot, "queued", trigger="manual")
+    assert ledger.record("a", slots[3], "queued", trigger="manual")
+    assert ledger.record(odd, slots[4], "queued", trigger="backfill")
+    assert ledger.elsewhere().record("a", slots[0], "queued", trigger="manual")
+
+    def due(limit: int, jobs: list[str] | None) -> list[tuple[str, int]]:
+        rows = ledger.store.run(ledger.ops.run_due(ledger.namespace, limit, jobs))
+        return [(r.job, r.slot_us) for r in rows]
+
+    assert due(2, None) == [("gone", slots[0]), ("gone", slots[1])]
+    assert due(2, ["a", odd, "never-seen"]) == [("a", slots[3]), (odd, slots[4])]
+    assert due(1, ["a", odd]) == [("a", slots[3])]
+    assert due(10, []) == []

@@ -100,7 +100,8 @@ def test_pause_trigger_resume_and_backfill_steer_every_replica(
 
 
 def test_commands_on_unknown_jobs_and_bad_ranges_are_clear_errors(sqlite_cli: Cli) -> None:
-    assert sqlite_cli.run("runs").stdout.strip() == "no runs"
+    expected = f"no runs in namespace {sqlite_cli.namespace!r} (--namespace chooses another)"
+    assert sqlite_cli.run("runs").stdout.strip() == expected
     for argv, message in [
         (("pause", "ghost"), "no job 'ghost'"),
         (("resume", "ghost"), "no job 'ghost'"),

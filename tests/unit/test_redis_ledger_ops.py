@@ -399,6 +399,19 @@ def test_a_list_of_no_rows_asks_nothing() -> None:
     assert execute.statements == []
 
 
+def test_due_rows_of_named_jobs_read_their_slot_indexes_without_a_scan() -> None:
+    execute = FakeExecute([[run_reply("b", 2_000)], [run_reply("a", 1_000)]])
+
+    due = drive(REDIS.run_due(NS, 5, ["b", "a"]), execute)
+
+    assert [(r.job, r.slot_us) for r in due] == [("a", 1_000), ("b", 2_000)]
+    assert execute.statements == [
+        Statement("run_due[]", {"argv": (5,)}, keys=(slots_key(NS, "b"), slots_key(NS, "a")))
+    ]
+    assert drive(REDIS.run_due(NS, 5, []), execute) == []
+    assert len(execute.statements) == 1
+
+
 def test_prune_scans_job_rows_then_prunes_each_job_and_adds_up() -> None:
     jobs = [job_key(NS, "a"), job_key(NS, "b")]
     execute = FakeExecute(jobs, [2, 0])

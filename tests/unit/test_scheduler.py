@@ -203,6 +203,27 @@ async def test_fleet_job_decorator_runs_in_a_background_thread_until_stop() -> N
     assert any(r.state == "succeeded" for r in ledger(store, "ping"))
 
 
+async def test_a_replica_recovers_its_own_due_rows_behind_many_of_jobs_it_does_not_run() -> None:
+    store = MemoryStore()
+    now = store.clock.wall_us()
+    # 300 queued rows of a job no replica defines any more, all older than our own.
+    for k in range(300):
+        slot = now - 3_600_000_000 + k * 1_000_000
+        store.run(store.ops.run_record(NS, "removed", slot, "queued", None, "manual"))
+    ours = now - 60_000_000
+    store.run(store.ops.run_record(NS, "daily", ours, "queued", None, "manual"))
+    seen: list[int] = []
+
+    await run_replicas(
+        store, [spec("daily", lambda ctx: seen.append(ctx.slot_us), every="1h")], 0.8
+    )
+
+    assert seen == [ours]
+    row = store.run(store.ops.run_get(NS, "daily", ours))
+    assert row is not None and (row.state, row.trigger) == ("succeeded", "manual")
+    assert all(r.state == "queued" for r in ledger(store, "removed"))
+
+
 async def test_a_paused_job_is_not_run_and_its_slots_are_recorded_as_skipped() -> None:
     store = MemoryStore()
     calls: list[int] = []

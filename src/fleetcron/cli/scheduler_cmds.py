@@ -182,7 +182,8 @@ def run_runs(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))  # noqa: T201
         return 0
     if not rows:
-        print("no runs")  # noqa: T201
+        # The namespace is named: a jobs file's [fleetcron] namespace is not the default.
+        print(f"no runs in namespace {namespace!r} (--namespace chooses another)")  # noqa: T201
         return 0
     header = ("JOB", "SLOT", "STATE", "ATTEMPT", "FENCE", "HOLDER", "DURATION", "EXIT", "ERROR")
     table = [header]

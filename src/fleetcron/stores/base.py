@@ -191,9 +191,12 @@ class LedgerOperations(Protocol):
         """The ledger row of one slot."""
         ...
 
-    def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
+    def run_due(
+        self, namespace: str, limit: int, jobs: Sequence[str] | None = None
+    ) -> Operation[list[RunRecord]]:
         """Rows to claim now, oldest slot first: queued, running with an expired lease,
-        failed with a retry that has come."""
+        failed with a retry that has come — of ``jobs`` only, when given (a replica asks
+        for the jobs it runs, so rows of jobs it does not define never fill its limit)."""
         ...
 
     def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:

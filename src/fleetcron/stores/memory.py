@@ -291,12 +291,16 @@ class _MemoryLedger:
         result: int = yield _step(step)
         return result
 
-    def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
+    def run_due(
+        self, namespace: str, limit: int, jobs: Sequence[str] | None = None
+    ) -> Operation[list[RunRecord]]:
+        wanted = None if jobs is None else set(jobs)
+
         def step(state: _State, now: int) -> list[RunRecord]:
             rows = [
                 replace(run, now_us=now)
-                for (ns, _, _), run in state.runs.items()
-                if ns == namespace and _due(run, now)
+                for (ns, job, _), run in state.runs.items()
+                if ns == namespace and (wanted is None or job in wanted) and _due(run, now)
             ]
             rows.sort(key=lambda run: (run.slot_us, run.job))
             return rows[:limit]

@@ -852,13 +852,17 @@ class _RedisLedger:
         rows.sort(key=lambda run: (-run.slot_us, run.job))
         return rows[:limit]
 
-    def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
-        if limit <= 0:
+    def run_due(
+        self, namespace: str, limit: int, jobs: Sequence[str] | None = None
+    ) -> Operation[list[RunRecord]]:
+        if limit <= 0 or (jobs is not None and not jobs):
             return []
-        keys = yield Statement("scan", {"match": _jobs_pattern(namespace)})
-        replies = yield Statement(
-            "run_due[]", {"argv": (limit,)}, keys=tuple(_slots_of(key) for key in keys)
-        )
+        if jobs is None:
+            found = yield Statement("scan", {"match": _jobs_pattern(namespace)})
+            slot_keys = tuple(_slots_of(key) for key in found)
+        else:  # the named jobs' slot indexes: no scan
+            slot_keys = tuple(slots_key(namespace, job) for job in jobs)
+        replies = yield Statement("run_due[]", {"argv": (limit,)}, keys=slot_keys)
         rows = [_run(namespace, row) for reply in replies for row in reply]
         rows.sort(key=lambda run: (run.slot_us, run.job))
         return rows[:limit]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -113,6 +114,22 @@ def translate(exc: BaseException) -> FleetcronError | None:
     return store_error(StoreError, exc)
 
 
+def _set_wal(conn: sqlite3.Connection) -> None:
+    """Put the database in WAL mode. While another process is creating the same new
+    database, the switch can answer "locked" at once, without waiting for busy_timeout:
+    try again until the timeout has passed."""
+    give_up = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() > give_up:
+                raise
+            time.sleep(0.01)
+
+
 class SqliteStore(SqlSyncStore):
     """Sync SQLite store; all processes on one host share the database file."""
 
@@ -137,7 +154,7 @@ class SqliteStore(SqlSyncStore):
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _set_wal(conn)
             # FULL: a fence handed out must survive a power cut, or it could be issued twice.
             conn.execute("PRAGMA synchronous = FULL")
         except BaseException:

@@ -313,8 +313,19 @@ class SqlLedger:
         result: SqlResult = yield Statement("run_cancel", {"namespace": namespace, "job": job})
         return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
 
-    def run_due(self, namespace: str, limit: int) -> Operation[list[RunRecord]]:
-        result: SqlResult = yield Statement("run_due", {"namespace": namespace, "limit": limit})
+    def run_due(
+        self, namespace: str, limit: int, jobs: Sequence[str] | None = None
+    ) -> Operation[list[RunRecord]]:
+        if jobs is not None and not jobs:
+            return []
+        result: SqlResult = yield Statement(
+            "run_due",
+            {
+                "namespace": namespace,
+                "limit": limit,
+                "jobs": None if jobs is None else json.dumps(list(jobs)),
+            },
+        )
         return rows_to_runs(namespace, result.rows)
 
     def run_settled(

@@ -436,5 +436,9 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_u
    AND (state = 'queued'
         OR (state = 'running' AND expires_us <= @fc_due_now)
         OR (state = 'failed' AND retry_at_us <= @fc_due_now))
+   AND (%(jobs)s IS NULL
+        OR job IN (SELECT CAST(k.job AS BINARY)
+                     FROM JSON_TABLE(%(jobs)s, '$[*]' COLUMNS (
+                              job VARCHAR(800) CHARACTER SET utf8mb4 PATH '$')) AS k))
  ORDER BY slot_us, job
  LIMIT %(limit)s;

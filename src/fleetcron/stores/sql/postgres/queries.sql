@@ -256,5 +256,7 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
    AND (state = 'queued'
         OR (state = 'running' AND expires_us <= now.us)
         OR (state = 'failed' AND retry_at_us <= now.us))
+   AND (%(jobs)s::jsonb IS NULL
+        OR job IN (SELECT jsonb_array_elements_text(%(jobs)s::jsonb)))
  ORDER BY slot_us, job COLLATE "C"
  LIMIT %(limit)s;

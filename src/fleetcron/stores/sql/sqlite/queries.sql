@@ -222,5 +222,6 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
    AND (state = 'queued'
         OR (state = 'running' AND expires_us <= t)
         OR (state = 'failed' AND retry_at_us <= t))
+   AND (:jobs IS NULL OR job IN (SELECT value FROM json_each(:jobs)))
  ORDER BY slot_us, job
  LIMIT :limit;
