@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
 from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
-from fleetcron.stores.base import Capability, Operation, SqlResult, Statement, drive_async
-from fleetcron.stores.sqlops import SqlLedger, SqlOperations, load_migrations, load_queries
+from fleetcron.stores.async_sqlstore import AsyncSqlStore
+from fleetcron.stores.base import Capability, SqlResult
+from fleetcron.stores.sqlops import SqlLedger, SqlOperations
 from fleetcron.stores.sqlstore import SqlSyncStore, store_error
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncPostgresStore", "PostgresOperations", "PostgresStore"]
-
-T = TypeVar("T")
 
 # Every session pins what the lease statements rely on, whatever the role's defaults: a
 # RR/SERIALIZABLE default would turn contention into SQLSTATE 40001 instead of 0 rows.
@@ -156,56 +155,25 @@ class PostgresStore(SqlSyncStore):
         return applied
 
 
-class AsyncPostgresStore:
+class AsyncPostgresStore(AsyncSqlStore):
     """Async PostgreSQL store over one ``psycopg.AsyncConnection``."""
 
+    dialect = "postgres"
     capabilities = PostgresStore.capabilities
+    sync_store = PostgresStore
 
     def __init__(self, url: StoreURL) -> None:
-        self.url = url.redacted
-        self._url = url
-        self.ops = PostgresOperations()
-        self.queries = load_queries("postgres")
-        self._latest = max(m.version for m in load_migrations("postgres"))
-        self._lock = asyncio.Lock()
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        super().__init__(url, PostgresOperations())
 
-    async def open(self) -> None:
-        """Connect and check the schema (creating it through the sync path if missing)."""
-        async with self._lock:
-            await self._connection()
-        version = await self._schema_version()
-        if version != self._latest:
-            await self.migrate()
-
-    async def _schema_version(self) -> int:
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
         try:
-            result = await self._execute_text(self.queries["schema_version"], {})
-        except SchemaError:
-            return 0
-        return int(result.rows[0][0] or 0)
+            return await psycopg.AsyncConnection.connect(self._url.raw, **_connect_kwargs())
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to {self.url}: {exc}") from exc
 
-    async def migrate(self) -> list[str]:
-        def work() -> list[str]:
-            store = PostgresStore(self._url, auto_migrate=False)
-            try:
-                if store.schema_version() > store.latest_version:
-                    store.ensure_schema()  # raises the "newer schema" error
-                return store.migrate()
-            finally:
-                store.close()
-
-        return await asyncio.to_thread(work)
-
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            try:
-                self._conn = await psycopg.AsyncConnection.connect(
-                    self._url.raw, **_connect_kwargs()
-                )
-            except psycopg.Error as exc:
-                raise StoreUnavailable(f"cannot connect to {self.url}: {exc}") from exc
-        return self._conn
+    async def _close(self, conn: Any) -> None:
+        with contextlib.suppress(psycopg.Error):
+            await conn.close()
 
     async def _execute_text(self, sql: str, params: dict[str, object]) -> SqlResult:
         conn = await self._connection()
@@ -218,8 +186,7 @@ class AsyncPostgresStore:
             error = translate(exc)
             assert error is not None
             if isinstance(error, StoreUnavailable):
-                await conn.close()
-                self._conn = None
+                await self._drop_connection()
             raise error from exc
 
     async def _execute_batch(
@@ -243,27 +210,10 @@ class AsyncPostgresStore:
             error = translate(exc)
             assert error is not None
             if isinstance(error, StoreUnavailable):
-                await conn.close()
-                self._conn = None
+                await self._drop_connection()
             else:
                 await _clear_batch_clock_async(conn)
             raise error from exc
         finally:
             for cur in cursors:
                 await cur.close()
-
-    async def _statement(self, statement: Statement) -> SqlResult | list[SqlResult]:
-        sql = self.queries[statement.name]
-        if statement.batch is not None:
-            return await self._execute_batch(sql, statement.batch)
-        return await self._execute_text(sql, dict(statement.params))
-
-    async def run(self, operation: Operation[T]) -> T:
-        async with self._lock:
-            return await drive_async(operation, self._statement)
-
-    async def close(self) -> None:
-        async with self._lock:
-            if self._conn is not None:
-                await self._conn.close()
-                self._conn = None
