@@ -20,10 +20,10 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from fleetcron._log import log
 from fleetcron.clock import Clock
@@ -110,6 +110,32 @@ class _LeaseBase:
         """Held, not released, not lost and before the local deadline."""
         return not self._released and not self.is_lost and self.remaining_us() > 0
 
+    def _announce_loss(self, callbacks: Sequence[Callable[[Any], None]]) -> None:
+        """Log the loss and run the handle's ``on_lost`` callbacks."""
+        log.error(
+            "lease on %s (fence %d) lost: %s",
+            self.name,
+            self.fence,
+            self._lost_reason,
+            extra={"action": "lease_lost", "lock": self.name, "fence": self.fence},
+        )
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("on_lost callback failed", extra={"action": "callback_failed"})
+
+    def _renewal_failed(self, error: object, interval_s: float) -> float:
+        """Log a failed renewal; the next try comes sooner (a quarter of what is left,
+        at least 50 ms), so a brief outage is retried before the deadline passes."""
+        log.warning(
+            "renewing %s failed: %s",
+            self.name,
+            error,
+            extra={"action": "lease_renew_failed", "lock": self.name},
+        )
+        return max(0.05, min(interval_s, self.remaining_us() / 4 / 1e6))
+
     def _lost_error(self) -> LeaseLost:
         if self._lost_reason is None:
             message = f"lease on {self.name!r} (fence {self.fence}) was already released"
@@ -181,13 +207,7 @@ class Lease(_LeaseBase):
                 return
             except StoreError as exc:
                 # Keep trying until the deadline; the watch thread declares the loss.
-                log.warning(
-                    "renewing %s failed: %s",
-                    self.name,
-                    exc,
-                    extra={"action": "lease_renew_failed", "lock": self.name},
-                )
-                interval = max(0.05, min(interval, self.remaining_us() / 4 / 1e6))
+                interval = self._renewal_failed(exc, interval)
 
     def _watch_loop(self) -> None:
         while True:
@@ -208,18 +228,7 @@ class Lease(_LeaseBase):
             self._lost_reason = reason
             self._cond.notify_all()
         self.lost.set()
-        log.error(
-            "lease on %s (fence %d) lost: %s",
-            self.name,
-            self.fence,
-            reason,
-            extra={"action": "lease_lost", "lock": self.name, "fence": self.fence},
-        )
-        for callback in self._on_lost:
-            try:
-                callback(self)
-            except Exception:
-                log.exception("on_lost callback failed", extra={"action": "callback_failed"})
+        self._announce_loss(self._on_lost)
         with self._cond:
             if self._inside and self._owner_thread is not None:
                 self._interrupted = True
@@ -392,31 +401,14 @@ class AsyncLease(_LeaseBase):
             except LeaseLost:
                 return
             except (StoreError, TimeoutError) as exc:
-                log.warning(
-                    "renewing %s failed: %s",
-                    self.name,
-                    exc or "timed out",
-                    extra={"action": "lease_renew_failed", "lock": self.name},
-                )
-                interval = max(0.05, min(interval, self.remaining_us() / 4 / 1e6))
+                interval = self._renewal_failed(exc or "timed out", interval)
 
     def _declare_lost(self, reason: str) -> None:
         if self.is_lost or self._released:
             return
         self._lost_reason = reason
         self.lost.set()
-        log.error(
-            "lease on %s (fence %d) lost: %s",
-            self.name,
-            self.fence,
-            reason,
-            extra={"action": "lease_lost", "lock": self.name, "fence": self.fence},
-        )
-        for callback in self._on_lost:
-            try:
-                callback(self)
-            except Exception:
-                log.exception("on_lost callback failed", extra={"action": "callback_failed"})
+        self._announce_loss(self._on_lost)
         if self._owner is not None and not self._owner.done():
             self._cancelled_owner = True
             self._owner.cancel(f"lease on {self.name!r} lost")
