@@ -301,18 +301,21 @@ class Scheduler:
         # host's clock, which may be wrong (a replica whose clock ran ahead must not record
         # future slots as missed or skipped for the whole fleet).
         now = await self._sync_clock()
-        fresh: list[list[SlotClaim]] = []
+        due: list[_Job] = []
         while self._due and self._due[0][0] <= now:
-            _, name = heapq.heappop(self._due)
-            job = self._jobs[name]
-            fresh.append(await self._collect(job, now))
-            self._schedule_next(job)
+            due.append(self._jobs[heapq.heappop(self._due)[1]])
         # Every replica collects the same slots at the same moment: each one queues the
         # jobs in its own random order (a job's slots stay in order), so their first
         # claims land on different jobs instead of all queueing on the same job leases.
-        random.shuffle(fresh)
-        for claims in fresh:
-            self._pending.extend(claims)
+        random.shuffle(due)
+        try:
+            for job in due:
+                self._pending.extend(await self._collect(job, now))
+        finally:
+            # Every popped job goes back in the heap, collected or not (a store error
+            # leaves its cursor where it was: the next tick collects it again).
+            for job in due:
+                self._schedule_next(job)
         self._collect_retries(now)
         if loop_time - self._last_recovery >= _RECOVERY_EVERY_S:
             self._last_recovery = loop_time
@@ -335,7 +338,6 @@ class Scheduler:
         ready = [s for s in due if s + jitter_us(spec.name, s, spec.jitter_us) <= now]
         if not ready:
             return []
-        job.cursor_us = ready[-1]
         on_time = [s for s in ready if now - s <= _LATE_TOLERANCE_US + spec.jitter_us]
         late = [s for s in ready if s not in on_time]
         take = list(on_time)
@@ -365,6 +367,7 @@ class Scheduler:
                 spec.catchup,
                 extra={"action": "slot_missed", "job": spec.name, "count": len(missed)},
             )
+        job.cursor_us = ready[-1]  # only once recorded: a store error retries the lot
         # Caught-up slots run one after another, not "skipped while the previous runs".
         self._catching_up.update((spec.name, slot) for slot in take if slot not in on_time)
         return [
@@ -421,7 +424,9 @@ class Scheduler:
         """Drop waiting slots other replicas already have, learnt in one cheap read, so
         that claims (which lock and write) go to slots still free."""
         head = list(itertools.islice(self._pending, max(4 * room, _SIFT_AT_LEAST)))
-        asked = [(c.job, c.slot_us) for c in head if c.trigger == "schedule"]
+        # Fresh slots only (they carry a deadline): a retry or a recovered attempt has a
+        # row already, which run_settled counts, but it is still to be claimed.
+        asked = [(c.job, c.slot_us) for c in head if c.deadline_us is not None]
         if not asked:
             return
         settled = await self.store.run(self.ops.run_settled(self.options.namespace, asked))
@@ -461,23 +466,41 @@ class Scheduler:
         # One batch per lease length, usually one batch in all.
         answers: list[tuple[SlotClaim, ClaimResult]] = []
         sent = self.clock.monotonic_us()
-        for ttl in sorted(set(ttl_by_job.values())):
-            batch = [c for c in claims if ttl_by_job[c.job] == ttl]
-            results = await self.store.run(
-                self.ops.run_claim(self.options.namespace, batch, self.holder, ttl)
+        try:
+            for ttl in sorted(set(ttl_by_job.values())):
+                batch = [c for c in claims if ttl_by_job[c.job] == ttl]
+                results = await self.store.run(
+                    self.ops.run_claim(self.options.namespace, batch, self.holder, ttl)
+                )
+                answers += zip(batch, results, strict=True)
+        finally:
+            # Claims without an answer (the store failed) wait for the next tick. One
+            # that did land before the failure answers "taken" then, and its attempt is
+            # recovered after its lease expires.
+            answered = {(c.job, c.slot_us) for c, _ in answers}
+            self._pending.extendleft(
+                reversed([c for c in claims if (c.job, c.slot_us) not in answered])
             )
-            answers += zip(batch, results, strict=True)
         if answers:  # a quarter or more taken by others: sift the queue before claiming
             taken = sum(1 for _, answer in answers if answer.status == "taken")
             self._contended = 4 * taken >= len(answers)
-        freed = False
+        # Start every won slot before anything that may fail: a claimed attempt that is
+        # not started would hold its job's lease, and its slot, for nothing.
         for claim, answer in answers:
             if answer.status in ("claimed", "taken", "missed"):
                 self._catching_up.discard((claim.job, claim.slot_us))
             if answer.run is not None:
                 self._start(answer.run, sent)
-            else:
-                freed |= await self._not_claimed(claim, answer.status)
+        refused = [(claim, answer.status) for claim, answer in answers if answer.run is None]
+        freed = False
+        for index, (claim, status) in enumerate(refused):
+            try:
+                freed |= await self._not_claimed(claim, status)
+            except StoreError:
+                # Recording a skip failed: this slot and the ones not looked at yet are
+                # claimed again next tick (the store answers for them again).
+                self._pending.extendleft(reversed([c for c, _ in refused[index:]]))
+                raise
         return freed and bool(self._pending)
 
     async def _not_claimed(self, claim: SlotClaim, status: str) -> bool:
@@ -768,5 +791,8 @@ def _deadline(spec: JobSpec, slot: int) -> int:
     if spec.catchup == "latest":
         following = spec.schedule.next_after(slot)
         if following is not None:
-            return min(window, following + jitter_us(spec.name, following, spec.jitter_us))
+            fires = following + jitter_us(spec.name, following, spec.jitter_us)
+            # An on-time slot runs whatever the window (a window shorter than the
+            # tolerance must not shed it), until the next slot supersedes it.
+            return min(max(window, on_time), fires)
     return max(on_time, window)

@@ -802,12 +802,13 @@ def test_the_deadline_only_refuses_slots_without_a_row(ledger: Ledger) -> None:
     retried = ledger.must_claim("other", s2, holder="h2", max_attempts=2, deadline_us=past)
     assert (retried.attempt, retried.fence > first.fence) == (2, True)
     # Refusals that come before the deadline keep their reason.
-    assert ledger.status_of("later", ledger.now() + MINUTE, deadline_us=past) == "not_due"
+    later = ledger.now() + MINUTE
+    assert ledger.status_of("later", later, deadline_us=past) == "not_due"
     assert ledger.register("resting") is None
     assert ledger.pause("resting")
     assert ledger.status_of("resting", s3, deadline_us=past) == "paused"
     assert ledger.get("resting", s3) is None
-    assert ledger.get("later", ledger.now() + MINUTE) is None
+    assert ledger.get("later", later) is None
 
 
 def test_high_water_is_the_latest_slot_claimed_by_schedule_or_exec_or_recorded(
@@ -1213,14 +1214,21 @@ def test_run_settled_names_the_slots_with_a_row_other_than_queued(ledger: Ledger
     assert ledger.elsewhere().record("c", s1, "skipped")
     odd = "naïve ☃ 名前"
     ledger.must_claim(odd, s2)
+    # Rows a retry or a recovery would still claim count too: a first attempt cannot.
+    failed = ledger.must_claim("d", s1, max_attempts=2, exclusive=False)
+    assert ledger.finish(failed, "failed", retry_after_us=1)
+    expired = ledger.must_claim("e", s1, ttl_us=SHORT, max_attempts=2)
+    ledger.wait_until((expired.expires_us or 0) + 1)
     asked = [("a", s1), ("b", s2), ("b", s3), ("a", s4), ("a", s5), ("c", s1), ("a", s2)]
 
-    assert ledger.settled([*asked, (odd, s2)]) == {
+    assert ledger.settled([*asked, (odd, s2), ("d", s1), ("e", s1)]) == {
         ("a", s1),
         ("b", s2),
         ("b", s3),
         ("a", s4),
         (odd, s2),
+        ("d", s1),
+        ("e", s1),
     }
     assert ledger.settled([]) == set()
     assert ledger.settled([("a", s5)]) == set(), "queued rows are still to be claimed"

@@ -507,6 +507,7 @@ def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
         [],  # run_prune: run_prune[]
         [None],  # job_register
         b"1",  # store_now
+        [0],  # run_settled[]
     )
     drive(REDIS.run_claim(NS, [SlotClaim(job="j", slot_us=1, run_id="r")], "h", 1), execute)
     drive(REDIS.run_list(NS, "j", 1), execute)
@@ -522,8 +523,9 @@ def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
     drive(REDIS.run_prune(NS, 1, 1), execute)
     drive(REDIS.job_register(NS, [("j", "{}", "")]), execute)
     drive(REDIS.store_now(), execute)
+    drive(REDIS.run_settled(NS, [("j", 1)]), execute)
 
-    assert len(execute.names) == 17
+    assert len(execute.names) == 18
     for name in execute.names:
         assert name == "scan" or name.removesuffix("[]") in SCRIPTS, name
 

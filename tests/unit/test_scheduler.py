@@ -19,7 +19,7 @@ from fleetcron import scheduler as scheduler_module
 from fleetcron.context import RunContext
 from fleetcron.errors import StoreUnavailable
 from fleetcron.jobsfile import JobSpec, job_spec
-from fleetcron.models import RunRecord
+from fleetcron.models import RunOutcome, RunRecord, SlotClaim
 from fleetcron.scheduler import Scheduler, SchedulerOptions
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
@@ -340,3 +340,123 @@ async def test_cancel_other_stops_the_running_attempt_for_the_new_slot() -> None
     assert "cancel requested" in reasons, [(r.state, r.error) for r in rows]
     # the last one is stopped by the test's shutdown, not by a newer slot
     assert set(reasons) <= {"cancel requested", "replica shutting down"}
+
+
+# -- the claim path, piece by piece --------------------------------------------------------
+class FailingOn(AsyncMemoryStore):
+    """An async store whose operations named in ``failing`` raise StoreUnavailable."""
+
+    failing: set[str] = set()  # noqa: RUF012 - set per instance below
+
+    async def run(self, operation: Any) -> Any:
+        if getattr(operation, "__name__", "") in self.failing:
+            operation.close()
+            raise StoreUnavailable("the store failed, as the test asked")
+        return await super().run(operation)
+
+
+def _claim(job: str, slot: int, *, deadline_us: int | None = None, **options: Any) -> SlotClaim:
+    return SlotClaim(
+        job=job, slot_us=slot, run_id=f"{job}-{slot}", deadline_us=deadline_us, **options
+    )
+
+
+async def test_sifting_drops_fresh_slots_others_have_and_keeps_retries_and_recoveries() -> None:
+    store = MemoryStore()
+    now = store.clock.wall_us()
+    s1, s2, s3 = now - 3_000_000, now - 2_000_000, now - 1_000_000
+    [held] = store.run(store.ops.run_claim(NS, [_claim("a", s1)], "other", 60_000_000))
+    [failed] = store.run(
+        store.ops.run_claim(
+            NS, [_claim("a", s2, exclusive=False, max_attempts=2)], "other", 60_000_000
+        )
+    )
+    assert held.run is not None and failed.run is not None
+    outcome = RunOutcome(state="failed", retry_after_us=1)
+    assert store.run(store.ops.run_finish(NS, "a", s2, failed.run.fence, outcome))
+    scheduler = Scheduler(
+        AsyncMemoryStore(store), [spec("a", lambda ctx: None)], SchedulerOptions(namespace=NS)
+    )
+    fresh_taken = _claim("a", s1, deadline_us=now + 60_000_000)
+    retry = _claim("a", s2)  # a retry (no deadline): its failed row is still to be claimed
+    fresh_free = _claim("a", s3, deadline_us=now + 60_000_000)
+    scheduler._pending.extend([fresh_taken, retry, fresh_free])
+
+    await scheduler._sift(16)
+
+    assert list(scheduler._pending) == [retry, fresh_free]
+
+
+async def test_a_store_error_while_collecting_keeps_every_due_job_in_the_heap() -> None:
+    store = MemoryStore()
+    failing = FailingOn(store)
+    failing.failing = {"run_record"}
+    # catchup = skip with a cursor an hour back: collecting records missed slots, and fails.
+    jobs = [spec(name, lambda ctx: None, every="1s", catchup="skip") for name in ("a", "b")]
+    scheduler = Scheduler(failing, jobs, SchedulerOptions(namespace=NS))
+    now = store.clock.wall_us()
+    for name in ("a", "b"):
+        scheduler._jobs[name] = scheduler_module._Job(
+            spec=scheduler.specs[name], cursor_us=now - 3_600_000_000
+        )
+        scheduler._schedule_next(scheduler._jobs[name])
+
+    with pytest.raises(StoreUnavailable):
+        await scheduler._tick(0.0)
+
+    assert sorted(name for _, name in scheduler._due) == ["a", "b"]
+    assert all(job.cursor_us == now - 3_600_000_000 for job in scheduler._jobs.values())
+    failing.failing = set()
+    await scheduler._tick(0.0)  # the next tick collects (and records) what failed
+    assert all(job.cursor_us >= now - 1_000_000 for job in scheduler._jobs.values())
+    assert any(r.state == "missed" for r in ledger(store, "a"))
+
+
+async def test_won_claims_start_even_when_recording_a_refusal_fails() -> None:
+    store = MemoryStore()
+    now = store.clock.wall_us()
+    slot = now - 1_000_000
+    # Another replica holds job a's lease: a's claim is refused "busy", and skipping it fails.
+    [other] = store.run(
+        store.ops.run_claim(NS, [_claim("a", slot - 1_000_000)], "other", 60_000_000)
+    )
+    assert other.run is not None
+    failing = FailingOn(store)
+    failing.failing = {"run_record"}
+    ran = threading.Event()
+    jobs = [spec("a", lambda ctx: None), spec("b", lambda ctx: ran.set())]
+    scheduler = Scheduler(failing, jobs, SchedulerOptions(namespace=NS))
+    for job in jobs:
+        scheduler._jobs[job.name] = scheduler_module._Job(spec=job, cursor_us=now)
+    refused, won = _claim("a", slot), _claim("b", slot)
+    scheduler._pending.extend([refused, won])
+
+    with pytest.raises(StoreUnavailable):
+        await scheduler._claim_batch(now)
+
+    assert list(scheduler._running) == [("b", slot)]
+    assert list(scheduler._pending) == [refused], "the refusal is looked at again next tick"
+    tasks = [entry.task for entry in scheduler._running.values() if entry.task is not None]
+    failing.failing = set()
+    await asyncio.gather(*tasks)
+    assert ran.is_set()
+    row = store.run(store.ops.run_get(NS, "b", slot))
+    assert row is not None and row.state == "succeeded"
+
+
+@pytest.mark.parametrize(
+    ("catchup", "window", "deadline_s"),
+    [
+        ("skip", "1h", 5),  # on time only
+        ("all", "1h", 3600),  # the whole window
+        ("latest", "1h", 60),  # until the next slot (every minute) fires
+        ("latest", "0s", 5),  # a window shorter than on time: on time still runs
+    ],
+)
+def test_the_claim_deadline_follows_the_catchup_policy(
+    catchup: str, window: str, deadline_s: int
+) -> None:
+    job = spec("j", lambda ctx: None, every="1m", catchup=catchup, catchup_window=window)
+    slot = 1_800_000_000_000_000
+
+    assert scheduler_module._deadline(job, slot) == slot + deadline_s * 1_000_000

@@ -184,7 +184,8 @@ class LedgerOperations(Protocol):
         self, namespace: str, slots: Sequence[tuple[str, int]]
     ) -> Operation[set[tuple[str, int]]]:
         """Which of these ``(job, slot_us)`` already have a row other than ``queued``: a
-        schedule claim of them can only be refused. One cheap read for many slots."""
+        first attempt of them can only be refused (a retry or a recovery still may be
+        claimed). One read for many slots, locking nothing."""
         ...
 
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
