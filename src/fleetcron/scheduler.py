@@ -320,7 +320,7 @@ class Scheduler:
         if loop_time - self._last_recovery >= _RECOVERY_EVERY_S:
             self._last_recovery = loop_time
             await self._recover()
-        await self._claim(now)
+        await self._claim()
 
     def _schedule_next(self, job: _Job) -> None:
         """Put the job's next slot after its cursor, with its jitter, in the due heap."""
@@ -413,11 +413,11 @@ class Scheduler:
                 continue
             self._pending.append(self._claim_for(spec, row.slot_us, row.trigger))
 
-    async def _claim(self, now: int) -> None:
+    async def _claim(self) -> None:
         # A claim refused because another replica already has the slot frees its place in
         # the batch for the job's next waiting slot: go round until nothing moves.
         for _ in range(20):
-            if not await self._claim_batch(now):
+            if not await self._claim_batch():
                 return
 
     async def _sift(self, room: int) -> None:
@@ -437,7 +437,7 @@ class Scheduler:
         self._pending.extendleft(reversed([c for c in head if (c.job, c.slot_us) not in settled]))
         self._catching_up -= settled
 
-    async def _claim_batch(self, now: int) -> bool:
+    async def _claim_batch(self) -> bool:
         """Claim one batch; whether some slot turned out taken elsewhere."""
         room = self.options.concurrency - len(self._running)
         if room <= 0 or not (self._pending or any(j.buffered for j in self._jobs.values())):

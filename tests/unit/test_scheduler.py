@@ -432,7 +432,7 @@ async def test_won_claims_start_even_when_recording_a_refusal_fails() -> None:
     scheduler._pending.extend([refused, won])
 
     with pytest.raises(StoreUnavailable):
-        await scheduler._claim_batch(now)
+        await scheduler._claim_batch()
 
     assert list(scheduler._running) == [("b", slot)]
     assert list(scheduler._pending) == [refused], "the refusal is looked at again next tick"

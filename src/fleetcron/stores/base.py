@@ -38,6 +38,7 @@ __all__ = [
     "SqlResult",
     "Statement",
     "SyncStore",
+    "acquired_record",
     "drive",
     "drive_async",
     "rows_to_jobs",
@@ -288,6 +289,23 @@ class AsyncStore(Protocol):
     async def close(self) -> None:
         """Release the connection."""
         ...
+
+
+def acquired_record(
+    namespace: str, name: str, holder: str, fence: int, now: int, ttl_us: int, least_us: int
+) -> LeaseRecord:
+    """The lease an acquire at store time ``now`` wrote: everything but the fence and the
+    clock follows from the terms, so a backend returns only those two."""
+    return LeaseRecord(
+        namespace=namespace,
+        name=name,
+        holder=holder,
+        fence=fence,
+        acquired_us=now,
+        expires_us=now + ttl_us,
+        min_until_us=now + least_us,
+        now_us=now,
+    )
 
 
 def rows_to_records(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[LeaseRecord]:

@@ -23,7 +23,7 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import Capability, Operation, Statement, drive
+from fleetcron.stores.base import Capability, Operation, Statement, acquired_record, drive
 from fleetcron.stores.ledger import (
     decide_claim,
     decide_extend,
@@ -62,16 +62,7 @@ class _MemoryLeases:
             if current is not None and current.expires_us > now:
                 return None
             fence = max(current.fence + 1 if current else 0, now)
-            record = LeaseRecord(
-                namespace=namespace,
-                name=name,
-                holder=holder,
-                fence=fence,
-                acquired_us=now,
-                expires_us=now + ttl_us,
-                min_until_us=now + least_us,
-                now_us=now,
-            )
+            record = acquired_record(namespace, name, holder, fence, now, ttl_us, least_us)
             state.leases[(namespace, name)] = record
             return record
 

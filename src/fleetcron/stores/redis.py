@@ -55,7 +55,14 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import Capability, Operation, Statement, drive, drive_async
+from fleetcron.stores.base import (
+    Capability,
+    Operation,
+    Statement,
+    acquired_record,
+    drive,
+    drive_async,
+)
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.url import StoreURL
 
@@ -659,16 +666,7 @@ class _RedisLeases:
         if not reply:
             return None
         fence, now = int(reply[0]), int(reply[1])
-        return LeaseRecord(
-            namespace=namespace,
-            name=name,
-            holder=holder,
-            fence=fence,
-            acquired_us=now,
-            expires_us=now + ttl_us,
-            min_until_us=now + least_us,
-            now_us=now,
-        )
+        return acquired_record(namespace, name, holder, fence, now, ttl_us, least_us)
 
     def lease_extend(
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int

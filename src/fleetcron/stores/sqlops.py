@@ -26,6 +26,7 @@ from fleetcron.stores.base import (
     Operation,
     SqlResult,
     Statement,
+    acquired_record,
     rows_to_jobs,
     rows_to_records,
     rows_to_runs,
@@ -139,16 +140,7 @@ class SqlOperations:
         if not result.rows or result.rowcount == 0:
             return None
         fence, now = (int(value) for value in result.rows[0][:2])
-        return LeaseRecord(
-            namespace=namespace,
-            name=name,
-            holder=holder,
-            fence=fence,
-            acquired_us=now,
-            expires_us=now + ttl_us,
-            min_until_us=now + least_us,
-            now_us=now,
-        )
+        return acquired_record(namespace, name, holder, fence, now, ttl_us, least_us)
 
     def lease_extend(
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
