@@ -9,12 +9,12 @@ which bound parameters, how the result maps back.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from fakes import FakeExecute
 
 from fleetcron.models import LeaseRecord, SlotClaim
 from fleetcron.stores.base import SqlResult, Statement, drive, drive_async
@@ -39,22 +39,6 @@ RECORD = LeaseRecord(
     min_until_us=1_500,
     now_us=1_200,
 )
-
-
-class FakeExecute:
-    """Records every statement and answers each with the next canned result."""
-
-    def __init__(self, *answers: Any) -> None:
-        self.answers: Iterator[Any] = iter(answers)
-        self.statements: list[Statement] = []
-
-    def __call__(self, statement: Statement) -> Any:
-        self.statements.append(statement)
-        return next(self.answers)
-
-    @property
-    def names(self) -> list[str]:
-        return [statement.name for statement in self.statements]
 
 
 def rows(*found: tuple[Any, ...], rowcount: int | None = None) -> SqlResult:

@@ -9,11 +9,11 @@ records. The scripts themselves run against a real Redis in
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+from fakes import FakeExecute
 from redis.crc import key_slot
 
 from fleetcron.models import JobRecord, RunOutcome, RunRecord, SlotClaim, job_lease_name
@@ -40,22 +40,6 @@ LEASE = lease_key(NS, "fleetcron:job:backup")
 JOB = job_key(NS, "backup")
 RUN = run_key(NS, "backup", 1_000)
 SLOTS = slots_key(NS, "backup")
-
-
-class FakeExecute:
-    """Records every statement and answers each with the next canned reply."""
-
-    def __init__(self, *answers: Any) -> None:
-        self.answers: Iterator[Any] = iter(answers)
-        self.statements: list[Statement] = []
-
-    def __call__(self, statement: Statement) -> Any:
-        self.statements.append(statement)
-        return next(self.answers)
-
-    @property
-    def names(self) -> list[str]:
-        return [statement.name for statement in self.statements]
 
 
 def run_reply(
