@@ -8,6 +8,7 @@ their whole process group on cancellation, then SIGKILL after a grace.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import inspect
 import os
@@ -16,6 +17,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from fleetcron._log import log
 from fleetcron.context import RunContext
 from fleetcron.environment import child_environment
 from fleetcron.jobsfile import CallTarget, CommandTarget, JobSpec
@@ -23,6 +25,8 @@ from fleetcron.models import RunOutcome, micros_to_datetime
 from fleetcron.stores.ledger import OUTPUT_LIMIT
 
 __all__ = ["Cancellation", "execute"]
+
+_READ_SIZE = 65_536  # bytes of a command's output read at a time
 
 
 class Cancellation:
@@ -99,16 +103,29 @@ async def _run_command(
     size = 0
 
     async def pump() -> None:
+        # Fixed-size reads, not lines: a line longer than the stream's buffer would stop a
+        # line reader (and then the pipe, and the command with it).
         nonlocal size
         assert process.stdout is not None
-        async for raw in process.stdout:
-            line = raw.decode("utf-8", "replace")
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        pending = ""  # the echo's unfinished line
+        while True:
+            raw = await process.stdout.read(_READ_SIZE)
+            text = decoder.decode(raw, final=not raw)
             if echo:
-                print(f"[{ctx.job}] {line}", end="" if line.endswith("\n") else "\n", flush=True)  # noqa: T201
-            tail.append(line)
-            size += len(line)
-            while size > OUTPUT_LIMIT and len(tail) > 1:
-                size -= len(tail.popleft())
+                pending += text
+                *lines, pending = pending.split("\n")
+                if not raw and pending:
+                    lines, pending = [*lines, pending], ""
+                for line in lines:
+                    print(f"[{ctx.job}] {line}", flush=True)  # noqa: T201
+            if text:
+                tail.append(text)
+                size += len(text)
+                while size - len(tail[0]) >= OUTPUT_LIMIT:
+                    size -= len(tail.popleft())
+            if not raw:
+                return
 
     reader = asyncio.create_task(pump())
     waiter = asyncio.create_task(process.wait())
@@ -123,8 +140,14 @@ async def _run_command(
             await waiter
     stopper.cancel()
     _killpg(process.pid, signal.SIGKILL)  # whatever the command left running in its group
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(reader, 2)
+    try:
+        await asyncio.wait_for(reader, 2)  # cancels the reader when it times out
+    except TimeoutError:
+        log.warning(
+            "%s: the command's output was still open 2 s after it ended; not read further",
+            ctx.job,
+            extra={"action": "output_truncated", "job": ctx.job},
+        )
     returncode = waiter.result()
     status = 128 - returncode if returncode < 0 else returncode
     output = "".join(tail)[-OUTPUT_LIMIT:] or None

@@ -243,15 +243,26 @@ class Scheduler:
             finally:
                 watcher.cancel()
                 self.signals.leader.clear()
-                with contextlib.suppress(FleetcronError):
+                try:
                     await lease.release()  # also stops its keepalive
+                except FleetcronError as exc:
+                    log.warning(
+                        "releasing the leader lease failed (it expires by itself): %s",
+                        exc,
+                        extra={"action": "lock_release_failed", "lock": LEADER_LEASE},
+                    )
 
     async def _follow(self) -> None:
         """A standby keeps up with the leader's progress, so it takes over where the
         leader stopped instead of walking every slot since it started."""
         try:
             rows = await self.store.run(self.ops.job_list(self.options.namespace))
-        except StoreError:
+        except StoreError as exc:
+            log.warning(
+                "reading the leader's progress failed: %s",
+                exc,
+                extra={"action": "store_unavailable"},
+            )
             return
         for row in rows:
             job = self._jobs.get(row.job)
@@ -281,6 +292,9 @@ class Scheduler:
                 await self._tick(loop.time())
             except StoreError as exc:
                 log.error("store unavailable: %s", exc, extra={"action": "store_unavailable"})
+            except Exception:
+                # A bug must not stop the replica silently or at once: say so, go on.
+                log.exception("scheduling pass failed", extra={"action": "tick_failed"})
             async with self.signals.ticked:
                 self.signals.ticked.notify_all()
             await _wait_any((until, self._wake), self._sleep_s())
@@ -599,6 +613,7 @@ class Scheduler:
             extra={"action": "run_started", "job": spec.name, "fence": record.fence},
         )
         keeper = asyncio.create_task(self._keepalive(entry, sent_us))
+        keeper.add_done_callback(lambda task: _keepalive_ended(task, entry))
         timer = None
         if spec.timeout_us is not None:
             timer = asyncio.get_running_loop().call_later(
@@ -619,9 +634,19 @@ class Scheduler:
             keeper.cancel()
             if timer is not None:
                 timer.cancel()
-        await self._finish(entry, outcome)
-        self._running.pop((record.job, record.slot_us), None)
-        self._wake.set()
+        try:
+            await self._finish(entry, outcome)
+        except Exception:
+            # Not a store outage (_finish logs those): a bug or an outcome the store cannot
+            # take. The row stays running until its lease expires and is recovered.
+            log.exception(
+                "%s: recording the outcome failed",
+                spec.name,
+                extra={"action": "run_finish_failed", "job": spec.name},
+            )
+        finally:
+            self._running.pop((record.job, record.slot_us), None)
+            self._wake.set()
 
     async def _finish(self, entry: _Running, outcome: RunOutcome) -> None:
         spec, record = entry.spec, entry.record
@@ -796,3 +821,16 @@ def _deadline(spec: JobSpec, slot: int) -> int:
             # tolerance must not shed it), until the next slot supersedes it.
             return min(max(window, on_time), fires)
     return max(on_time, window)
+
+
+def _keepalive_ended(task: asyncio.Task[None], entry: _Running) -> None:
+    """A keepalive that died of an error renews nothing: stop the run, as on a lost lease."""
+    if task.cancelled() or task.exception() is None:
+        return
+    log.error(
+        "%s: lease keepalive failed (%s); stopping the run",
+        entry.spec.name,
+        task.exception(),
+        extra={"action": "lease_lost", "job": entry.spec.name, "fence": entry.record.fence},
+    )
+    entry.cancellation.request("lease keepalive failed")
