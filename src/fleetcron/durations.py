@@ -23,6 +23,9 @@ _UNITS_US = {
     "h": 3_600_000_000,
     "d": 86_400_000_000,
 }
+# Longer than any lease, schedule or retention a user means, and small enough for every
+# store's 64-bit microsecond columns once added to the current time.
+MAX_DURATION_US = 100 * 365 * 86_400_000_000
 _PART = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h|d)")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:us|ms|s|m|h|d))+")
 
@@ -41,22 +44,29 @@ def parse_duration(text: str, *, what: str = "duration") -> int:
     total = 0.0
     for number, unit in _PART.findall(cleaned):
         total += float(number) * _UNITS_US[unit]
-    return round(total)
+    return _bounded(total, text, what)
 
 
 def to_micros(value: DurationLike, *, what: str = "duration") -> int:
     """Convert a duration given as text, seconds (int/float) or timedelta to microseconds."""
     if isinstance(value, timedelta):
-        return round(value / timedelta(microseconds=1))
+        return _bounded(value / timedelta(microseconds=1), value, what)
     if isinstance(value, bool):
         raise ConfigurationError(f"{what}: {value!r} is not a duration")
     if isinstance(value, int | float):
         if value != value:  # NaN
             raise ConfigurationError(f"{what}: NaN is not a duration")
-        return round(value * 1_000_000)
+        return _bounded(value * 1_000_000, value, what)
     if isinstance(value, str):
         return parse_duration(value, what=what)
     raise ConfigurationError(f"{what}: {value!r} is not a duration")
+
+
+def _bounded(micros: float, given: object, what: str) -> int:
+    """Round to whole microseconds, refusing what no store column could hold."""
+    if abs(micros) > MAX_DURATION_US:
+        raise ConfigurationError(f"{what}: {given!r} is longer than 100 years")
+    return round(micros)
 
 
 def format_duration(micros: int) -> str:

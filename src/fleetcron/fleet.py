@@ -205,8 +205,25 @@ class Fleet:
         the function takes a :class:`~fleetcron.RunContext`; ``async def`` works too.
         """
 
+        if callable(name):
+            raise ConfigurationError(
+                "Fleet.job needs its options: write @fleet.job(every=...) or "
+                "@fleet.job(schedule=...), not a bare @fleet.job"
+            )
+        reserved = sorted({"call", "command", "where"} & options.keys())
+        if reserved:
+            raise ConfigurationError(
+                f"Fleet.job: {', '.join(reserved)} cannot be given: the decorated function "
+                "is the job's call"
+            )
+
         def decorate(func: F) -> F:
-            job_name = name or func.__name__.replace("_", "-")
+            reference = getattr(func, "__name__", None)
+            if name is None and not isinstance(reference, str):
+                raise ConfigurationError(
+                    f"Fleet.job: {func!r} has no __name__; give the job a name"
+                )
+            job_name = name or str(reference).replace("_", "-")
             self.add_job(job_spec(job_name, where="Fleet.job", call=func, **options))
             return func
 

@@ -30,7 +30,10 @@ def _validate(value: object, *, what: str, limit: int) -> str:
             f"{what} is {len(text)} characters long; the maximum is {limit}: {text[:40]!r}…"
         )
     for index, char in enumerate(text):
-        if unicodedata.category(char) in ("Cc", "Cs"):
+        category = unicodedata.category(char)
+        if category == "Cs":  # a byte that was not UTF-8, as the OS hands argv over
+            raise ConfigurationError(f"{what} {text!r} is not valid UTF-8 (position {index})")
+        if category == "Cc":
             raise ConfigurationError(
                 f"{what} {text!r} contains a control character at position {index}"
             )

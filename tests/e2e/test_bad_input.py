@@ -31,6 +31,9 @@ EXEC_CASES = [
     (["--wait", "-1s"], "--wait must not be negative"),
     (["--wait", "soon"], "'soon' is not a duration"),
     (["--kill-grace", "-1s"], "--kill-grace must not be negative"),
+    (["--kill-grace", "2m", "--lock-at-most", "1m"], "must be shorter than --lock-at-most"),
+    (["--lock-at-most", "99999999999999d"], "longer than 100 years"),
+    (["--lock-at-most", "1" + "0" * 400 + "s"], "longer than 100 years"),
     (["--skipped-exit-code", "300"], "between 0 and 255"),
     (["--skipped-exit-code", "abc"], "invalid int value: 'abc'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
@@ -69,6 +72,13 @@ def test_bad_exec_option_is_refused_before_the_store_is_touched(
         (["locks", "--", "extra"], "unexpected arguments after '--'"),
         (["prune", "--older-than", "0s"], "--older-than must be positive"),
         (["prune", "--older-than", "-1d"], "--older-than must be positive"),
+        (["trigger", "bad\udcffname"], "job name 'bad\\udcffname' is not valid UTF-8"),
+        (["pause", "tab\there"], "control character"),
+        (["runs", "--limit", "-1"], "--limit must be at least 1, got -1"),
+        (
+            ["next", "* * * * *", "--after", "9999-12-31T23:50", "--timezone", "America/New_York"],
+            "past the calendar's range",
+        ),
         ([], "no command given"),
     ],
 )
@@ -95,6 +105,7 @@ def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path)
         ("not-a-url", "has no scheme"),
         ("redis://", "names no host"),
         ("sqlite://", "names no database file"),
+        ("sqlite:///tmp/a%00b.db", "the path contains a NUL byte"),
         ("", "backend URL is empty"),
     ],
 )

@@ -49,3 +49,11 @@ def test_non_durations_are_rejected(value: object) -> None:
 )
 def test_durations_render_compactly(micros: int, text: str) -> None:
     assert format_duration(micros) == text
+
+
+@pytest.mark.parametrize(
+    "value", ["99999999999999d", "1" + "0" * 400 + "s", float("inf"), -1e300, 4e9]
+)
+def test_a_duration_no_store_could_hold_is_refused(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="longer than 100 years"):
+        to_micros(value, what="lock_at_most")  # type: ignore[arg-type]

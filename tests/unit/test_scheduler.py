@@ -7,6 +7,7 @@ assertions are about the ledger, never about timings.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ import pytest
 from fleetcron import Fleet
 from fleetcron import scheduler as scheduler_module
 from fleetcron.context import RunContext
-from fleetcron.errors import StoreUnavailable
+from fleetcron.errors import ConfigurationError, StoreUnavailable
 from fleetcron.jobsfile import JobSpec, job_spec
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim
 from fleetcron.scheduler import Scheduler, SchedulerOptions
@@ -460,3 +461,15 @@ def test_the_claim_deadline_follows_the_catchup_policy(
     slot = 1_800_000_000_000_000
 
     assert scheduler_module._deadline(job, slot) == slot + deadline_s * 1_000_000
+
+
+def test_fleet_job_misuse_is_a_clear_error() -> None:
+    fleet = Fleet(MemoryStore(), namespace=NS)
+
+    with pytest.raises(ConfigurationError, match=r"not a bare @fleet\.job"):
+        fleet.job(lambda ctx: None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="call cannot be given"):
+        fleet.job(every="1s", call="os:getcwd")
+    with pytest.raises(ConfigurationError, match="has no __name__"):
+        fleet.job(every="1s")(functools.partial(print))
+    assert fleet.jobs == ()

@@ -101,6 +101,13 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
         if args.kill_grace is None
         else option_micros(args.kill_grace, "--kill-grace", positive=False)
     )
+    if grace >= most:
+        # The grace is counted inside the lease: as long as the lease, the command would
+        # be killed at once on every renewal hiccup.
+        raise ConfigurationError(
+            f"--kill-grace ({args.kill_grace}) must be shorter than "
+            f"--lock-at-most ({args.lock_at_most})"
+        )
     return ExecOptions(
         name=args.name,
         command=tuple(command),

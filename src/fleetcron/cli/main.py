@@ -38,6 +38,11 @@ _VALUE_OPTIONS = frozenset(
         "--kill-grace",
         "--older-than",
         "--skipped-exit-code",
+        "--shutdown-grace",
+        "--leader-ttl",
+        "--concurrency",
+        "--limit",
+        "--count",
     }
 )
 

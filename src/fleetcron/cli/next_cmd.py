@@ -89,7 +89,12 @@ def run(args: argparse.Namespace) -> int:
     expression = " ".join(args.cron)
     timezone: str = args.timezone
     parse_timezone(timezone)
-    entries = preview(expression, timezone, count, _after_us(args.after, timezone))
+    try:
+        entries = preview(expression, timezone, count, _after_us(args.after, timezone))
+    except OverflowError:
+        raise ConfigurationError(
+            "--after: the fire times run past the calendar's range (years 1 to 9999)"
+        ) from None
     if args.json:
         rows = [
             {

@@ -16,7 +16,7 @@ from fleetcron.errors import ConfigurationError, FleetcronError
 from fleetcron.fleet import NAMESPACE_ENV
 from fleetcron.jobsfile import load_jobs_file
 from fleetcron.models import RunRecord, micros_to_datetime
-from fleetcron.names import validate_namespace
+from fleetcron.names import validate_name, validate_namespace
 from fleetcron.scheduler import Scheduler, SchedulerOptions
 from fleetcron.schedules import from_datetime, schedule_from_definition
 from fleetcron.stores import open_async_store, open_store, resolve_backend
@@ -84,6 +84,12 @@ def add_parsers(
             verb, parents=list(parents), help=f"{verb} a job on every replica"
         )
         command.add_argument("job", metavar="JOB")
+
+
+def _job_arg(args: argparse.Namespace) -> str | None:
+    """The JOB argument, checked like every name before anything reads the store."""
+    job: str | None = args.job
+    return None if job is None else validate_name(job, what="job name")
 
 
 def _namespace(args: argparse.Namespace, configured: str | None) -> str:
@@ -172,6 +178,7 @@ def run_runs(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--limit must be at least 1, got {args.limit}")
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
+    args.job = _job_arg(args)
     store = open_store(url)
     try:
         runs = store.run(_ledger(store).run_list(namespace, args.job, args.limit))
@@ -213,6 +220,7 @@ def run_pause(args: argparse.Namespace, paused: bool) -> int:
     """``fleetcron pause JOB`` / ``resume JOB``: persisted in the store for every replica."""
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
+    args.job = _job_arg(args)
     store = open_store(url)
     try:
         known = store.run(_ledger(store).job_set_paused(namespace, args.job, paused))
@@ -234,6 +242,7 @@ def run_trigger(args: argparse.Namespace) -> int:
     """
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
+    args.job = _job_arg(args)
     store = open_store(url)
     try:
         ledger = _ledger(store)
@@ -270,6 +279,7 @@ def run_backfill(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--limit must be at least 1, got {args.limit}")
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
+    args.job = _job_arg(args)
     store = open_store(url)
     try:
         ledger = _ledger(store)
@@ -283,7 +293,12 @@ def run_backfill(args: argparse.Namespace) -> int:
         now = store.run(ledger.store_now())
         if end > now:
             raise ConfigurationError("--to is in the future: the scheduler runs those slots")
-        slots = schedule.slots_between(start - 1, end, limit=args.limit + 1)
+        try:
+            slots = schedule.slots_between(start - 1, end, limit=args.limit + 1)
+        except OverflowError:
+            raise ConfigurationError(
+                "--from: the range runs past the calendar's range (years 1 to 9999)"
+            ) from None
         if len(slots) > args.limit:
             raise ConfigurationError(
                 f"the range holds more than {args.limit} slots; narrow it or raise --limit"

@@ -989,13 +989,15 @@ def _collect(pending: list[int], replies: list[Any], results: list[Any]) -> list
 _SCRIPT_LOAD_TRIES = 3
 
 
-def _client_kwargs() -> dict[str, Any]:
-    return {
+def _client_kwargs(url: StoreURL) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
         "socket_connect_timeout": 10,
         "socket_timeout": 30,
-        "socket_keepalive": True,
         "health_check_interval": 0,
     }
+    if not url.raw.startswith("unix://"):  # TCP keepalive has no meaning on a unix socket
+        kwargs["socket_keepalive"] = True
+    return kwargs
 
 
 def _warn_about_config(url: str, policy: str | None, role: str | None) -> None:
@@ -1019,7 +1021,7 @@ class RedisStore:
         self.url = url.redacted
         self.ops = RedisOperations()
         self._lock = threading.Lock()
-        self._client: redis.Redis = redis.Redis.from_url(url.raw, **_client_kwargs())
+        self._client: redis.Redis = redis.Redis.from_url(url.raw, **_client_kwargs(url))
         self._scripts: dict[str, Script] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
@@ -1098,7 +1100,7 @@ class AsyncRedisStore:
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
         self.ops = RedisOperations()
-        self._client: aioredis.Redis = aioredis.Redis.from_url(url.raw, **_client_kwargs())
+        self._client: aioredis.Redis = aioredis.Redis.from_url(url.raw, **_client_kwargs(url))
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }

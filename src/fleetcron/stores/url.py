@@ -82,6 +82,8 @@ def parse_store_url(url: str) -> StoreURL:
         path_text = urllib.parse.unquote(rest.split("?", 1)[0])
         if not path_text or path_text == "/":
             raise ConfigurationError(f"backend URL {redacted!r} names no database file")
+        if "\x00" in path_text:
+            raise ConfigurationError(f"backend URL {redacted!r}: the path contains a NUL byte")
         return StoreURL(raw=url, kind=kind, redacted=redacted, path=Path(path_text))
     try:
         parts = urllib.parse.urlsplit(url)
