@@ -7,9 +7,23 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from fleetcron.errors import RunCancelled
 from fleetcron.models import micros_to_datetime
 
 __all__ = ["RunContext"]
+
+
+class _CancelState:
+    """Whether, and why, the run was asked to stop; set once, from any thread."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason: str | None = None
+
+    def set(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self.event.set()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,8 +32,20 @@ class RunContext:
 
     ``fence`` is strictly greater than every fence issued before for this job: hand it to
     the data the job writes so a stale holder is refused. ``cancelled`` becomes true when
-    the run must stop (lease lost, timeout, cancel requested, shutdown); a sync job should
-    check it between units of work (``async def`` jobs are cancelled outright).
+    the run must stop (lease lost, timeout, cancel requested, shutdown).
+
+    What each kind of job gets when its run is cancelled:
+
+    - ``async def``: the task is cancelled (``CancelledError`` at its next ``await``).
+    - a plain function (``isolate = "none"``): it runs in a worker thread, which cannot be
+      killed. It is told — ``ctx.cancelled``, ``ctx.raise_if_cancelled()``,
+      ``ctx.sleep()`` returning early — and should stop between units of work. One that
+      does not return by the lease's deadline is abandoned: its outcome is recorded as
+      ``cancelled`` and the replica starts no other run of the job until it returns. Its
+      late writes are refused only where the data checks the fence.
+    - ``isolate = "process"``: the function runs in a child process, stopped like a
+      command: SIGTERM (``RunCancelled`` is raised in it) a grace before the lease's
+      deadline, SIGKILL at the deadline. Nothing of it outlives the lease.
     """
 
     job: str
@@ -30,7 +56,7 @@ class RunContext:
     run_id: str
     trigger: str
     logger: logging.LoggerAdapter[logging.Logger]
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel: _CancelState = field(default_factory=_CancelState, repr=False)
 
     @property
     def slot(self) -> datetime:
@@ -40,12 +66,24 @@ class RunContext:
     @property
     def cancelled(self) -> bool:
         """Whether the run has been asked to stop."""
-        return self._cancel.is_set()
+        return self._cancel.event.is_set()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the run was asked to stop (``None`` while it was not)."""
+        return self._cancel.reason
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~fleetcron.errors.RunCancelled` if the run was asked to stop:
+        call it between units of work."""
+        if self._cancel.event.is_set():
+            reason = self._cancel.reason or "cancelled"
+            raise RunCancelled(f"run of {self.job!r} cancelled: {reason}", reason=reason)
 
     def sleep(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; return ``True`` early if the run was cancelled."""
-        return self._cancel.wait(seconds)
+        return self._cancel.event.wait(seconds)
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "cancelled") -> None:
         """Ask the run to stop (called by fleetcron)."""
-        self._cancel.set()
+        self._cancel.set(reason)

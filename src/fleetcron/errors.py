@@ -8,9 +8,10 @@ Every error fleetcron raises derives from :class:`FleetcronError`, so
     ├── StoreError              the store failed; the driver's exception is in ``__cause__``
     │   ├── StoreUnavailable    cannot connect, or the connection broke (retryable)
     │   └── SchemaError         the schema is missing, newer than this code, or broken
-    └── LockError               carries ``name``
-        ├── LockBusy            another holder has the lease (``lock()`` only)
-        └── LeaseLost           renewal failed or the local deadline passed; work cancelled
+    ├── LockError               carries ``name``
+    │   ├── LockBusy            another holder has the lease (``lock()`` only)
+    │   └── LeaseLost           renewal failed or the local deadline passed; work cancelled
+    └── RunCancelled            ``ctx.raise_if_cancelled()``: the run was asked to stop
 
 Contention is not an error for ``try_lock`` and ``locked``: they return ``None`` / skip.
 """
@@ -23,6 +24,7 @@ __all__ = [
     "LeaseLost",
     "LockBusy",
     "LockError",
+    "RunCancelled",
     "SchemaError",
     "StoreError",
     "StoreUnavailable",
@@ -79,3 +81,11 @@ class LeaseLost(LockError):
     def __init__(self, name: str, message: str | None = None, *, fence: int | None = None) -> None:
         super().__init__(name, message or f"lease on {name!r} was lost")
         self.fence = fence
+
+
+class RunCancelled(FleetcronError):
+    """The run was asked to stop (lease lost, timeout, cancel requested, shutdown)."""
+
+    def __init__(self, message: str | None = None, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason

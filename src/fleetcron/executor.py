@@ -1,8 +1,14 @@
-"""Running one attempt of a job: a command (process group) or a Python callable.
+"""Running one attempt of a job: a command, a Python callable, or a callable in a child
+process (``isolate = "process"``).
 
-The executor knows nothing of stores. It is given a cancellation event and turns the
-target's ending into a :class:`~fleetcron.models.RunOutcome`. Commands get SIGTERM to
-their whole process group on cancellation, then SIGKILL after a grace.
+The executor knows nothing of stores. It is given the run's :class:`Cancellation` and the
+:class:`StopPolicy` of its lease, and turns the target's ending into an
+:class:`Execution`. The stop sequence is the one of :mod:`fleetcron.keepalive`: a process
+group gets SIGTERM a grace before the lease's local deadline (or when the run is asked to
+stop) and SIGKILL at the deadline at the latest, so nothing of it is alive once the store
+could grant the lease to another replica. A thread cannot be killed: a sync function that
+has not returned by the deadline is *abandoned* and reported, so the caller can refuse
+to start the job again while it still runs.
 """
 
 from __future__ import annotations
@@ -13,33 +19,69 @@ import contextlib
 import inspect
 import os
 import signal
+import threading
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
 
 from fleetcron._log import log
+from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.context import RunContext
 from fleetcron.environment import child_environment
+from fleetcron.isolated import PAYLOAD_ENV, child_command, child_payload
 from fleetcron.jobsfile import CallTarget, CommandTarget, JobSpec
+from fleetcron.keepalive import stop_points
 from fleetcron.models import RunOutcome, micros_to_datetime
 from fleetcron.stores.ledger import OUTPUT_LIMIT
 
-__all__ = ["Cancellation", "execute"]
+__all__ = ["Cancellation", "Execution", "StopPolicy", "execute"]
 
 _READ_SIZE = 65_536  # bytes of a command's output read at a time
+_RESULT_LIMIT = 4096
 
 
 class Cancellation:
-    """Why a run is being stopped; the first reason wins."""
+    """Why, and since when, a run is being stopped; the first reason wins."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.event = asyncio.Event()
         self.reason: str | None = None
+        self.asked_at_us: int | None = None
+        self._clock = clock
 
     def request(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+            self.asked_at_us = self._clock.monotonic_us()
         self.event.set()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopPolicy:
+    """The lease a run works under, as the executor needs it.
+
+    ``deadline`` returns the lease's current local deadline (monotonic µs; it moves when a
+    renewal succeeds; ``None``: no deadline); ``deadline_reason`` is the reason recorded
+    when the deadline stops the run; ``grace_us`` the time between SIGTERM and SIGKILL.
+    """
+
+    deadline: Callable[[], int | None]
+    deadline_reason: str
+    grace_us: int
+    clock: Clock = SYSTEM_CLOCK
+
+
+NO_DEADLINE = StopPolicy(deadline=lambda: None, deadline_reason="", grace_us=5_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """How an attempt ended. ``abandoned``: the job's function still runs in a thread that
+    could not be stopped (set only when the outcome is a cancellation)."""
+
+    outcome: RunOutcome
+    abandoned: asyncio.Future[Any] | None = None
 
 
 def _outcome_for_cancel(reason: str, exit_code: int | None, output: str | None) -> RunOutcome:
@@ -52,94 +94,90 @@ async def execute(
     spec: JobSpec,
     ctx: RunContext,
     cancellation: Cancellation,
+    stop: StopPolicy = NO_DEADLINE,
     *,
     backend_url: str | None,
-    kill_grace_s: float,
     echo: bool = True,
-) -> RunOutcome:
+) -> Execution:
     """Run ``spec``'s target once and report how it ended."""
-    if isinstance(spec.target, CommandTarget):
-        return await _run_command(spec.target, ctx, cancellation, backend_url, kill_grace_s, echo)
-    return await _run_call(spec.target, ctx, cancellation, kill_grace_s)
+    target = spec.target
+    if isinstance(target, CommandTarget):
+        outcome = await _run_process(
+            list(target.argv), ctx, cancellation, stop, backend_url, echo, isolated=None
+        )
+        return Execution(outcome)
+    if spec.isolate == "process":
+        outcome = await _run_process(
+            child_command(), ctx, cancellation, stop, backend_url, echo, isolated=target
+        )
+        return Execution(outcome)
+    return await _run_call(target, ctx, cancellation, stop)
 
 
-def _environment(ctx: RunContext, backend_url: str | None) -> Mapping[str, str]:
-    return child_environment(
-        os.environ,
-        backend_url,
-        {
-            "FLEETCRON_JOB": ctx.job,
-            "FLEETCRON_NAMESPACE": ctx.namespace,
-            "FLEETCRON_FENCE": str(ctx.fence),
-            "FLEETCRON_RUN_ID": ctx.run_id,
-            "FLEETCRON_SLOT": micros_to_datetime(ctx.slot_us).isoformat().replace("+00:00", "Z"),
-            "FLEETCRON_ATTEMPT": str(ctx.attempt),
-        },
+def _environment(ctx: RunContext, backend_url: str | None) -> dict[str, str]:
+    return dict(
+        child_environment(
+            os.environ,
+            backend_url,
+            {
+                "FLEETCRON_JOB": ctx.job,
+                "FLEETCRON_NAMESPACE": ctx.namespace,
+                "FLEETCRON_FENCE": str(ctx.fence),
+                "FLEETCRON_RUN_ID": ctx.run_id,
+                "FLEETCRON_SLOT": micros_to_datetime(ctx.slot_us)
+                .isoformat()
+                .replace("+00:00", "Z"),
+                "FLEETCRON_ATTEMPT": str(ctx.attempt),
+            },
+        )
     )
 
 
-async def _run_command(
-    target: CommandTarget,
+async def _run_process(
+    argv: list[str],
     ctx: RunContext,
     cancellation: Cancellation,
+    stop: StopPolicy,
     backend_url: str | None,
-    kill_grace_s: float,
     echo: bool,
+    *,
+    isolated: CallTarget | None,
 ) -> RunOutcome:
+    env = _environment(ctx, backend_url)
+    result_read = result_write = -1
+    pass_fds: tuple[int, ...] = ()
+    if isolated is not None:
+        result_read, result_write = os.pipe()
+        os.set_blocking(result_read, False)
+        pass_fds = (result_write,)
+        env[PAYLOAD_ENV] = child_payload(isolated, ctx, result_write)
     try:
         process = await asyncio.create_subprocess_exec(
-            *target.argv,
-            env=dict(_environment(ctx, backend_url)),
+            *argv,
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     except FileNotFoundError:
-        return RunOutcome(state="failed", exit_code=127, error=f"not found: {target.argv[0]}")
+        _close(result_read, result_write)
+        return RunOutcome(state="failed", exit_code=127, error=f"not found: {argv[0]}")
     except OSError as exc:
+        _close(result_read, result_write)
         return RunOutcome(state="failed", exit_code=126, error=f"cannot execute: {exc}")
-    tail: deque[str] = deque()
-    size = 0
-
-    async def pump() -> None:
-        # Fixed-size reads, not lines: a line longer than the stream's buffer would stop a
-        # line reader (and then the pipe, and the command with it).
-        nonlocal size
-        assert process.stdout is not None
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        pending = ""  # the echo's unfinished line
-        while True:
-            raw = await process.stdout.read(_READ_SIZE)
-            text = decoder.decode(raw, final=not raw)
-            if echo:
-                pending += text
-                *lines, pending = pending.split("\n")
-                if not raw and pending:
-                    lines, pending = [*lines, pending], ""
-                for line in lines:
-                    print(f"[{ctx.job}] {line}", flush=True)  # noqa: T201
-            if text:
-                tail.append(text)
-                size += len(text)
-                while size - len(tail[0]) >= OUTPUT_LIMIT:
-                    size -= len(tail.popleft())
-            if not raw:
-                return
-
-    reader = asyncio.create_task(pump())
-    waiter = asyncio.create_task(process.wait())
-    stopper = asyncio.create_task(cancellation.event.wait())
-    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if not waiter.done():
-        _killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), kill_grace_s)
-        except TimeoutError:
-            _killpg(process.pid, signal.SIGKILL)
-            await waiter
-    stopper.cancel()
-    _killpg(process.pid, signal.SIGKILL)  # whatever the command left running in its group
+    finally:
+        if result_write >= 0:
+            os.close(result_write)
+    tail = _OutputTail(ctx.job, echo)
+    reader = asyncio.create_task(tail.pump(process))
+    try:
+        await _supervise(process, cancellation, stop)
+    finally:
+        _killpg(process.pid, signal.SIGKILL)  # whatever the run left behind in its group
+        with contextlib.suppress(ProcessLookupError):
+            await process.wait()
     try:
         await asyncio.wait_for(reader, 2)  # cancels the reader when it times out
     except TimeoutError:
@@ -148,16 +186,112 @@ async def _run_command(
             ctx.job,
             extra={"action": "output_truncated", "job": ctx.job},
         )
-    returncode = waiter.result()
+    summary = _read_summary(result_read) if isolated is not None else None
+    returncode = process.returncode if process.returncode is not None else -signal.SIGKILL
     status = 128 - returncode if returncode < 0 else returncode
-    output = "".join(tail)[-OUTPUT_LIMIT:] or None
+    output = tail.text()
     if cancellation.reason is not None:
         return _outcome_for_cancel(cancellation.reason, status, output)
     if status == 0:
         return RunOutcome(state="succeeded", exit_code=0, output=output)
     return RunOutcome(
-        state="failed", exit_code=status, error=f"exit status {status}", output=output
+        state="failed", exit_code=status, error=summary or f"exit status {status}", output=output
     )
+
+
+async def _supervise(
+    process: asyncio.subprocess.Process, cancellation: Cancellation, stop: StopPolicy
+) -> None:
+    """Wait for ``process`` to end, stopping its group on time: SIGTERM when the run is
+    asked to stop or a grace before the lease's deadline, SIGKILL at the deadline (or a
+    grace after the SIGTERM) — whichever comes first."""
+    waiter = asyncio.ensure_future(process.wait())
+    asked = asyncio.ensure_future(cancellation.event.wait())
+    term_sent = False
+    try:
+        while not waiter.done():
+            now = stop.clock.monotonic_us()
+            deadline = stop.deadline()
+            if deadline is not None and now >= deadline - stop.grace_us:
+                cancellation.request(stop.deadline_reason)
+            points = stop_points(
+                deadline_us=deadline, grace_us=stop.grace_us, asked_at_us=cancellation.asked_at_us
+            )
+            if points.kill_at is not None and now >= points.kill_at:
+                _killpg(process.pid, signal.SIGKILL)
+                await waiter
+                return
+            if points.term_at is not None and now >= points.term_at and not term_sent:
+                _killpg(process.pid, signal.SIGTERM)
+                term_sent = True
+            upcoming = [
+                t
+                for t in (points.term_at, points.kill_at)
+                if t is not None and t > now and not (t == points.term_at and term_sent)
+            ]
+            timeout = (min(upcoming) - now) / 1e6 if upcoming else None
+            waits: set[asyncio.Future[Any]] = {waiter}
+            if not asked.done():
+                waits.add(asked)
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        asked.cancel()
+
+
+class _OutputTail:
+    """Reads a process's output in fixed-size chunks (a line longer than a stream buffer
+    would stall a line reader, then the pipe, then the command), keeps its last 4 KiB and
+    echoes it line by line with the job's name."""
+
+    def __init__(self, job: str, echo: bool) -> None:
+        self.job = job
+        self.echo = echo
+        self.chunks: deque[str] = deque()
+        self.size = 0
+
+    async def pump(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        pending = ""  # the echo's unfinished line
+        while True:
+            raw = await process.stdout.read(_READ_SIZE)
+            text = decoder.decode(raw, final=not raw)
+            if self.echo:
+                pending += text
+                *lines, pending = pending.split("\n")
+                if not raw and pending:
+                    lines, pending = [*lines, pending], ""
+                for line in lines:
+                    print(f"[{self.job}] {line}", flush=True)  # noqa: T201
+            if text:
+                self.chunks.append(text)
+                self.size += len(text)
+                while self.size - len(self.chunks[0]) >= OUTPUT_LIMIT:
+                    self.size -= len(self.chunks.popleft())
+            if not raw:
+                return
+
+    def text(self) -> str | None:
+        return "".join(self.chunks)[-OUTPUT_LIMIT:] or None
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _read_summary(fd: int) -> str | None:
+    """The one-line summary an isolated child wrote before it exited, if any."""
+    try:
+        data = os.read(fd, _RESULT_LIMIT)
+    except (BlockingIOError, OSError):
+        data = b""
+    finally:
+        _close(fd)
+    text = data.decode("utf-8", "replace").strip()
+    return text or None
 
 
 def _killpg(pid: int, sig: signal.Signals) -> None:
@@ -165,29 +299,83 @@ def _killpg(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
+def _in_daemon_thread(function: Callable[[RunContext], object], ctx: RunContext) -> Any:
+    """Run ``function(ctx)`` in a thread of its own; a future of its result. A daemon
+    thread: one abandoned after its cancellation must not keep the process from exiting."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[object] = loop.create_future()
+
+    def settle(result: object, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def body() -> None:
+        try:
+            result = function(ctx)
+        except BaseException as exc:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, None, exc)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=body, name=f"fleetcron-job:{ctx.job}", daemon=True).start()
+    return future
+
+
 async def _run_call(
-    target: CallTarget, ctx: RunContext, cancellation: Cancellation, kill_grace_s: float
-) -> RunOutcome:
+    target: CallTarget, ctx: RunContext, cancellation: Cancellation, stop: StopPolicy
+) -> Execution:
     function = target.function
-    if inspect.iscoroutinefunction(function):
-        work: asyncio.Future[Any] = asyncio.ensure_future(function(ctx))
+    work: asyncio.Future[Any]
+    in_thread = not inspect.iscoroutinefunction(function)
+    if in_thread:
+        work = _in_daemon_thread(function, ctx)
     else:
-        work = asyncio.ensure_future(asyncio.to_thread(function, ctx))
-    stopper: asyncio.Future[Any] = asyncio.ensure_future(cancellation.event.wait())
-    await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    stopper.cancel()
+        work = asyncio.ensure_future(cast(Awaitable[Any], function(ctx)))
+    asked = asyncio.ensure_future(cancellation.event.wait())
+    try:
+        while not work.done() and not asked.done():
+            now = stop.clock.monotonic_us()
+            deadline = stop.deadline()
+            if deadline is not None and now >= deadline - stop.grace_us:
+                cancellation.request(stop.deadline_reason)
+                break
+            timeout = None if deadline is None else (deadline - stop.grace_us - now) / 1e6
+            await asyncio.wait({work, asked}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        asked.cancel()
     if not work.done():
-        ctx.cancel()
-        work.cancel()  # an async job is cancelled; a thread only sees ctx.cancelled
-        done, _ = await asyncio.wait({work}, timeout=kill_grace_s)
         reason = cancellation.reason or "cancelled"
-        if not done:
-            return _outcome_for_cancel(reason, None, None)
+        ctx.cancel(reason)
+        if not in_thread:
+            work.cancel()  # a thread cannot be: it only sees ctx.cancelled
+        points = stop_points(
+            deadline_us=stop.deadline(),
+            grace_us=stop.grace_us,
+            asked_at_us=cancellation.asked_at_us,
+        )
+        left_s = max(0.0, ((points.kill_at or 0) - stop.clock.monotonic_us()) / 1e6)
+        await asyncio.wait({work}, timeout=left_s)
+        if not work.done():
+            return Execution(
+                RunOutcome(
+                    state="failed" if reason == "timeout" else "cancelled",
+                    error=f"{'timed out' if reason == 'timeout' else reason}; the function did "
+                    "not return and was abandoned (it cannot be killed in a thread)",
+                ),
+                abandoned=work,
+            )
     if cancellation.reason is not None and (work.cancelled() or ctx.cancelled):
-        return _outcome_for_cancel(cancellation.reason, None, None)
+        return Execution(_outcome_for_cancel(cancellation.reason, None, None))
     if work.cancelled():
-        return RunOutcome(state="cancelled", error="cancelled")
+        return Execution(RunOutcome(state="cancelled", error="cancelled"))
     error = work.exception()
     if error is not None:
-        return RunOutcome(state="failed", error=f"{type(error).__name__}: {error}"[:OUTPUT_LIMIT])
-    return RunOutcome(state="succeeded")
+        text = f"{type(error).__name__}: {error}"[:OUTPUT_LIMIT]
+        return Execution(RunOutcome(state="failed", error=text))
+    return Execution(RunOutcome(state="succeeded"))

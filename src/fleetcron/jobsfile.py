@@ -36,7 +36,13 @@ jitter         ``0s``      deterministic start delay per (job, slot), at most th
 grace          none        overdue (alert) when no success by slot + grace
 ping_url       none        healthchecks-style URL
 keepalive      ``true``    renew the lease while the job runs; false = killed at lock_at_most
+isolate        ``none``    ``process``: run a ``call`` job in a child process, killable
 ============== =========== ===========================================================
+
+``isolate``: a sync ``call`` function runs in a worker thread, which cannot be killed: when
+its run is cancelled it is told (``ctx.cancelled``) and abandoned, and the replica starts
+no other run of the job until it returns. With ``isolate = "process"`` it runs in a child
+process of its own, stopped like a command (SIGTERM, then SIGKILL by the lease's deadline).
 
 In the file, durations are strings with a unit (``"500ms"``, ``"90s"``, ``"1h30m"``); from
 Python they may also be seconds or a :class:`~datetime.timedelta`.
@@ -82,12 +88,14 @@ from fleetcron.schedules import (
 __all__ = [
     "CATCHUP_POLICIES",
     "DEFAULTS",
+    "ISOLATE_CHOICES",
     "JOB_KEYS",
     "MODES",
     "OVERLAP_POLICIES",
     "CallTarget",
     "Catchup",
     "CommandTarget",
+    "Isolate",
     "JobSpec",
     "JobsFile",
     "Mode",
@@ -99,10 +107,12 @@ __all__ = [
 ]
 
 Overlap = Literal["skip", "buffer_one", "allow", "cancel_other"]
+Isolate = Literal["none", "process"]
 Catchup = Literal["skip", "latest", "all"]
 Mode = Literal["claim", "leader"]
 
 OVERLAP_POLICIES: tuple[Overlap, ...] = get_args(Overlap)
+ISOLATE_CHOICES: tuple[Isolate, ...] = get_args(Isolate)
 CATCHUP_POLICIES: tuple[Catchup, ...] = get_args(Catchup)
 MODES: tuple[Mode, ...] = get_args(Mode)
 
@@ -122,6 +132,7 @@ DEFAULTS: Mapping[str, str | int | bool | None] = MappingProxyType(
         "grace": None,
         "ping_url": None,
         "keepalive": True,
+        "isolate": "none",
     }
 )
 
@@ -182,6 +193,7 @@ class JobSpec:
     grace_us: int | None
     ping_url: str | None
     keepalive: bool
+    isolate: Isolate = "none"
 
     def definition(self) -> dict[str, object]:
         """The definition as plain JSON-able data (the name excluded): what replicas compare."""
@@ -202,6 +214,8 @@ class JobSpec:
             "grace_us": self.grace_us,
             "ping_url": self.ping_url,
             "keepalive": self.keepalive,
+            # Only when set: a job defined before the key existed keeps its fingerprint.
+            **({"isolate": self.isolate} if self.isolate != "none" else {}),
         }
 
     def fingerprint(self) -> str:
@@ -486,6 +500,19 @@ class _JobBuilder:
         retries = self.integer("retries", minimum=0)
         keepalive = self.keepalive()
         ping_url = self.ping_url()
+        isolate = self.choice("isolate", ISOLATE_CHOICES)
+        if isolate == "process" and not isinstance(target, CallTarget):
+            self.fail(
+                "isolate",
+                '"process" applies to call jobs; a command already runs in a process '
+                "group of its own",
+            )
+        if isolate == "process" and isinstance(target, CallTarget) and "<" in target.reference:
+            self.fail(
+                "isolate",
+                f'"process" needs a function a child process can import by name; '
+                f"{target.reference} is not one (define it at module level)",
+            )
 
         if lock_at_least > lock_at_most:
             self.fail(
@@ -532,6 +559,7 @@ class _JobBuilder:
             grace_us=grace,
             ping_url=ping_url,
             keepalive=keepalive,
+            isolate=isolate,
         )
 
 

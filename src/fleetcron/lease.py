@@ -5,10 +5,15 @@ monotonic clock: the time the acquire (or last successful extend) request was **
 plus the lease length, minus a safety margin. The store's expiry can only be later than
 that, so a holder that stops at its deadline stops before anybody else can take the lease.
 
-Keepalive renews every ``lock_at_most / 3``. When a renewal is refused, or the deadline
-passes without a successful renewal (store unreachable, process starved), the lease is
-*lost*: ``lease.lost`` is set, the ``on_lost`` callbacks run, the protected work is
-cancelled, and leaving the ``with`` block raises :class:`~fleetcron.errors.LeaseLost`.
+Keepalive renews every ``lock_at_most / 3`` (the rules are :mod:`fleetcron.keepalive`).
+When a renewal is refused, or the deadline passes without a successful renewal (store
+unreachable, process starved), the lease is *lost*: ``lease.lost`` is set, the
+``on_lost`` callbacks run, the protected work is cancelled, and leaving the ``with`` block
+raises :class:`~fleetcron.errors.LeaseLost`.
+
+A subclass changes what a renewal and a release are in the store (a claimed slot renews
+its ledger row and records its outcome: :mod:`fleetcron.slot_lease`), never when they
+happen or what a loss does.
 """
 
 from __future__ import annotations
@@ -28,13 +33,17 @@ from typing import Any, Self
 from fleetcron._log import log
 from fleetcron.clock import Clock
 from fleetcron.errors import FleetcronError, LeaseLost, StoreError
+from fleetcron.keepalive import (
+    describe_failure,
+    local_deadline_us,
+    renew_interval_s,
+    retry_interval_s,
+    safety_margin_us,
+)
 from fleetcron.models import LeaseRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
 
 __all__ = ["AsyncLease", "Lease", "LeaseTerms", "new_holder", "safety_margin_us"]
-
-_MAX_MARGIN_US = 2_000_000
-
 
 _HOST = socket.gethostname()
 
@@ -42,11 +51,6 @@ _HOST = socket.gethostname()
 def new_holder() -> str:
     """``host:pid:token`` — the token is secret and unique per acquisition."""
     return f"{_HOST}:{os.getpid()}:{secrets.token_hex(10)}"
-
-
-def safety_margin_us(ttl_us: int) -> int:
-    """How long before the lease's nominal end the holder stops trusting it."""
-    return min(ttl_us // 10, _MAX_MARGIN_US)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,9 +73,7 @@ class _LeaseBase:
         self.terms = terms
         self.record = record
         self.clock = clock
-        self._deadline_us = (
-            sent_us + terms.lock_at_most_us - safety_margin_us(terms.lock_at_most_us)
-        )
+        self._deadline_us = local_deadline_us(sent_us, terms.lock_at_most_us)
         self._released = False
         self._lost_reason: str | None = None
 
@@ -125,16 +127,20 @@ class _LeaseBase:
             except Exception:
                 log.exception("on_lost callback failed", extra={"action": "callback_failed"})
 
-    def _renewal_failed(self, error: object, interval_s: float) -> float:
-        """Log a failed renewal; the next try comes sooner (a quarter of what is left,
-        at least 50 ms), so a brief outage is retried before the deadline passes."""
+    def _renewal_failed(self, error: BaseException, interval_s: float) -> float:
+        """Log a failed renewal; return when to try again (sooner than usual)."""
         log.warning(
             "renewing %s failed: %s",
             self.name,
-            error,
-            extra={"action": "lease_renew_failed", "lock": self.name},
+            describe_failure(error),
+            extra={"action": "lease_renew_failed", "lock": self.name, "fence": self.fence},
         )
-        return max(0.05, min(interval_s, self.remaining_us() / 4 / 1e6))
+        return retry_interval_s(interval_s, self.remaining_us())
+
+    def _renewed(self, record: LeaseRecord, sent_us: int) -> None:
+        """A renewal sent at ``sent_us`` succeeded: the deadline moves from its send time."""
+        self.record = record
+        self._deadline_us = local_deadline_us(sent_us, self.terms.lock_at_most_us)
 
     def _lost_error(self) -> LeaseLost:
         if self._lost_reason is None:
@@ -195,7 +201,7 @@ class Lease(_LeaseBase):
             thread.start()
 
     def _renew_loop(self) -> None:
-        interval = self.terms.lock_at_most_us / 3 / 1e6
+        interval = renew_interval_s(self.terms.lock_at_most_us)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stop, timeout=interval)
@@ -203,6 +209,7 @@ class Lease(_LeaseBase):
                     return
             try:
                 self.extend()
+                interval = renew_interval_s(self.terms.lock_at_most_us)
             except LeaseLost:
                 return
             except StoreError as exc:
@@ -240,7 +247,6 @@ class Lease(_LeaseBase):
         if self.is_lost:
             raise self._lost_error()
         sent = self.clock.monotonic_us()
-        terms = self.terms
         record = self._renew_in_store()
         if record is None:
             self._declare_lost("the store refused the renewal (expired or taken over)")
@@ -248,10 +254,7 @@ class Lease(_LeaseBase):
         with self._cond:
             if self.is_lost:
                 raise self._lost_error()
-            self.record = record
-            self._deadline_us = (
-                sent + terms.lock_at_most_us - safety_margin_us(terms.lock_at_most_us)
-            )
+            self._renewed(record, sent)
             self._cond.notify_all()
 
     def _renew_in_store(self) -> LeaseRecord | None:
@@ -386,22 +389,31 @@ class AsyncLease(_LeaseBase):
             self._task = asyncio.get_running_loop().create_task(
                 self._keepalive(), name=f"fleetcron-keepalive:{self.name}"
             )
+            self._task.add_done_callback(self._keepalive_ended)
+
+    def _keepalive_ended(self, task: asyncio.Task[None]) -> None:
+        """A keepalive that died of an unexpected error renews nothing: the lease is lost."""
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            self._declare_lost(f"the keepalive failed: {describe_failure(error)}")
 
     async def _keepalive(self) -> None:
-        interval = self.terms.lock_at_most_us / 3 / 1e6
+        interval = renew_interval_s(self.terms.lock_at_most_us)
         while not self._released:
             await asyncio.sleep(min(interval, max(self.remaining_us() / 1e6, 0)))
+            if self._released:
+                return
             if self.remaining_us() <= 0:
                 self._declare_lost("the local deadline passed without a successful renewal")
                 return
             try:
                 async with asyncio.timeout(self.remaining_us() / 1e6):
                     await self.extend()
-                interval = self.terms.lock_at_most_us / 3 / 1e6
+                interval = renew_interval_s(self.terms.lock_at_most_us)
             except LeaseLost:
                 return
             except (StoreError, TimeoutError) as exc:
-                interval = self._renewal_failed(exc or "timed out", interval)
+                interval = self._renewal_failed(exc, interval)
 
     def _declare_lost(self, reason: str) -> None:
         if self.is_lost or self._released:
@@ -418,17 +430,29 @@ class AsyncLease(_LeaseBase):
         if self.is_lost:
             raise self._lost_error()
         sent = self.clock.monotonic_us()
+        record = await self._renew_in_store()
+        if record is None:
+            self._declare_lost("the store refused the renewal (expired or taken over)")
+            raise self._lost_error()
+        if self.is_lost:
+            raise self._lost_error()
+        self._renewed(record, sent)
+
+    async def _renew_in_store(self) -> LeaseRecord | None:
+        """One renewal request; ``None`` when refused."""
         terms = self.terms
-        record = await self._store.run(
+        return await self._store.run(
             self._store.ops.lease_extend(
                 terms.namespace, terms.name, self.holder, self.fence, terms.lock_at_most_us
             )
         )
-        if record is None:
-            self._declare_lost("the store refused the renewal (expired or taken over)")
-            raise self._lost_error()
-        self.record = record
-        self._deadline_us = sent + terms.lock_at_most_us - safety_margin_us(terms.lock_at_most_us)
+
+    async def _release_in_store(self) -> bool:
+        """One release request; whether the store still knew the lease as ours."""
+        terms = self.terms
+        return await self._store.run(
+            self._store.ops.lease_release(terms.namespace, terms.name, self.holder, self.fence)
+        )
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost or past its local deadline."""
@@ -445,10 +469,7 @@ class AsyncLease(_LeaseBase):
         self._released = True
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
-        terms = self.terms
-        return await self._store.run(
-            self._store.ops.lease_release(terms.namespace, terms.name, self.holder, self.fence)
-        )
+        return await self._release_in_store()
 
     async def __aenter__(self) -> Self:
         self._owner = asyncio.current_task()

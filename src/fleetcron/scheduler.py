@@ -7,9 +7,13 @@ won is left alone; a slot refused because the job is still running follows the j
 ``overlap`` policy; slots missed while every replica was down follow ``catchup``. In
 leader mode only the holder of the leader lease runs the loop.
 
-Each run renews its lease every ``lock_at_most / 3`` from the time the request was sent;
-when renewal is refused or the local deadline passes, the run is cancelled (process group
-killed, Python task cancelled) and its late completion is refused by its fence.
+Each run holds its slot like a lease (:class:`~fleetcron.slot_lease.AsyncSlotLease`, the
+rules of :mod:`fleetcron.keepalive`): renewed every ``lock_at_most / 3`` from the time the
+request was sent; a grace before its local deadline the run is asked to stop (SIGTERM to a
+process group, cancellation of Python code) and by the deadline a process group is killed,
+so nothing of it is alive once the store could grant the slot again. Its late completion is
+refused by its fence. A sync function that does not return when cancelled is abandoned,
+and this replica starts no other run of its job until it returns.
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from fleetcron._log import log
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError, FleetcronError, StoreError
-from fleetcron.executor import Cancellation, execute
+from fleetcron.executor import Cancellation, StopPolicy, execute
 from fleetcron.jobsfile import JobSpec
-from fleetcron.lease import AsyncLease, LeaseTerms, new_holder, safety_margin_us
+from fleetcron.keepalive import effective_grace_us
+from fleetcron.lease import AsyncLease, LeaseTerms, new_holder
 from fleetcron.models import ClaimResult, JobRecord, RunOutcome, RunRecord, SlotClaim
 from fleetcron.schedules import jitter_us
+from fleetcron.slot_lease import AsyncSlotLease
 from fleetcron.stores.base import AsyncStore, LedgerOperations
 
 __all__ = ["LEADER_LEASE", "Scheduler", "SchedulerOptions"]
@@ -47,6 +53,7 @@ _MISSED_RECORD_LIMIT = 1_000
 _DUE_LIMIT = 200  # ledger rows to claim again, per recovery poll
 _REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
+ABANDONED_REASON = "an abandoned run of this job still runs on this replica"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +84,7 @@ class _Running:
     record: RunRecord
     cancellation: Cancellation
     task: asyncio.Task[None] | None = None
+    lease: AsyncSlotLease | None = None
 
 
 @dataclass
@@ -120,6 +128,8 @@ class Scheduler:
         self._due: list[tuple[int, str]] = []
         self._catching_up: set[tuple[str, int]] = set()
         self._retries: dict[tuple[str, int], tuple[int, int]] = {}  # → (due µs, attempt)
+        # Jobs whose sync function was abandoned after its cancellation and still runs.
+        self._abandoned: dict[str, asyncio.Future[object]] = {}
         self._offset_us = 0
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
@@ -459,9 +469,11 @@ class Scheduler:
         if self._contended and self._pending:
             await self._sift(room)
         claims: list[SlotClaim] = []
+        blocked: list[SlotClaim] = []
         for job in self._jobs.values():
             if job.buffered is not None and len(claims) < room:
-                claims.append(self._claim_for(job.spec, job.buffered, "schedule"))
+                claim = self._claim_for(job.spec, job.buffered, "schedule")
+                (blocked if job.spec.name in self._abandoned else claims).append(claim)
                 job.buffered = None
         # At most one exclusive claim per job per batch: the others would only find the
         # job's lease taken by the first. They wait, in order, for the next tick.
@@ -469,6 +481,9 @@ class Scheduler:
         waiting: list[SlotClaim] = []
         while self._pending and len(claims) < room:
             claim = self._pending.popleft()
+            if claim.job in self._abandoned:
+                blocked.append(claim)
+                continue
             if claim.exclusive and claim.job in exclusive:
                 waiting.append(claim)
                 continue
@@ -476,6 +491,7 @@ class Scheduler:
                 exclusive.add(claim.job)
             claims.append(claim)
         self._pending.extendleft(reversed(waiting))
+        await self._refuse_blocked(blocked)
         ttl_by_job = {c.job: self.specs[c.job].lock_at_most_us for c in claims}
         # One batch per lease length, usually one batch in all.
         answers: list[tuple[SlotClaim, ClaimResult]] = []
@@ -516,6 +532,19 @@ class Scheduler:
                 self._pending.extendleft(reversed([c for c, _ in refused[index:]]))
                 raise
         return freed and bool(self._pending)
+
+    async def _refuse_blocked(self, blocked: list[SlotClaim]) -> None:
+        """Slots of jobs whose abandoned run still runs here: a fresh slot is recorded
+        ``skipped`` (a slot another replica already has keeps its row); a retry, a
+        recovered attempt or a queued run comes back through the ledger later."""
+        for index, claim in enumerate(blocked):
+            if claim.trigger != "schedule" or claim.deadline_us is None:
+                continue
+            try:
+                await self._skip(claim, ABANDONED_REASON)
+            except StoreError:
+                self._pending.extendleft(reversed(blocked[index:]))
+                raise
 
     async def _not_claimed(self, claim: SlotClaim, status: str) -> bool:
         """Apply the policy to a claim the store refused with ``status``. Returns whether
@@ -581,10 +610,43 @@ class Scheduler:
     # -- running -------------------------------------------------------------------------
     def _start(self, record: RunRecord, sent_us: int) -> None:
         spec = self.specs[record.job]
-        entry = _Running(spec=spec, record=record, cancellation=Cancellation())
+        entry = _Running(spec=spec, record=record, cancellation=Cancellation(self.clock))
         self._running[(record.job, record.slot_us)] = entry
         entry.task = asyncio.create_task(
             self._run_one(entry, sent_us), name=f"fleetcron-run:{record.job}"
+        )
+
+    def _slot_lease(self, entry: _Running, sent_us: int) -> AsyncSlotLease:
+        """The run's lease: renewed (keepalive = true), its loss stops the run."""
+        spec, record = entry.spec, entry.record
+        terms = LeaseTerms(
+            namespace=self.options.namespace,
+            name=spec.name,
+            lock_at_most_us=spec.lock_at_most_us,
+            lock_at_least_us=spec.lock_at_least_us,
+            keepalive=spec.keepalive,
+        )
+        lease = AsyncSlotLease(
+            self.store,
+            terms,
+            record,
+            sent_us=sent_us,
+            clock=self.clock,
+            on_cancel=lambda: entry.cancellation.request("cancel requested"),
+        )
+        lease.on_lost(lambda _lease: entry.cancellation.request("lease lost"))
+        if spec.keepalive:
+            lease.start_keepalive()
+        return lease
+
+    def _stop_policy(self, spec: JobSpec, lease: AsyncSlotLease) -> StopPolicy:
+        return StopPolicy(
+            deadline=lambda: lease.deadline_us,
+            deadline_reason="lease lost" if spec.keepalive else "lock_at_most elapsed",
+            grace_us=effective_grace_us(
+                round(self.options.kill_grace_s * 1e6), spec.lock_at_most_us
+            ),
+            clock=self.clock,
         )
 
     async def _run_one(self, entry: _Running, sent_us: int) -> None:
@@ -612,30 +674,31 @@ class Scheduler:
             record.fence,
             extra={"action": "run_started", "job": spec.name, "fence": record.fence},
         )
-        keeper = asyncio.create_task(self._keepalive(entry, sent_us))
-        keeper.add_done_callback(lambda task: _keepalive_ended(task, entry))
+        lease = entry.lease = self._slot_lease(entry, sent_us)
         timer = None
         if spec.timeout_us is not None:
             timer = asyncio.get_running_loop().call_later(
                 spec.timeout_us / 1e6, entry.cancellation.request, "timeout"
             )
         try:
-            outcome = await execute(
+            execution = await execute(
                 spec,
                 ctx,
                 entry.cancellation,
+                self._stop_policy(spec, lease),
                 backend_url=self.options.backend_url,
-                kill_grace_s=self.options.kill_grace_s,
                 echo=self.options.echo,
             )
+            outcome = execution.outcome
+            if execution.abandoned is not None:
+                self._abandon(spec.name, execution.abandoned)
         except Exception as exc:  # the executor itself failed: still record it
             outcome = RunOutcome(state="failed", error=f"{type(exc).__name__}: {exc}")
         finally:
-            keeper.cancel()
             if timer is not None:
                 timer.cancel()
         try:
-            await self._finish(entry, outcome)
+            await self._finish(entry, lease, outcome)
         except Exception:
             # Not a store outage (_finish logs those): a bug or an outcome the store cannot
             # take. The row stays running until its lease expires and is recovered.
@@ -648,7 +711,32 @@ class Scheduler:
             self._running.pop((record.job, record.slot_us), None)
             self._wake.set()
 
-    async def _finish(self, entry: _Running, outcome: RunOutcome) -> None:
+    def _abandon(self, job: str, work: asyncio.Future[object]) -> None:
+        """A sync function did not return when its run was cancelled: it still runs in its
+        thread. No other run of the job starts here until it returns."""
+        log.error(
+            "%s: the function did not return after its run was cancelled; it still runs "
+            "in its thread, and no other run of %s starts on this replica until it returns "
+            '(check ctx.cancelled, or set isolate = "process")',
+            job,
+            job,
+            extra={"action": "run_abandoned", "job": job},
+        )
+        self._abandoned[job] = work
+
+        def ended(_: asyncio.Future[object]) -> None:
+            if self._abandoned.get(job) is work:
+                del self._abandoned[job]
+            log.warning(
+                "%s: the abandoned run returned; the job runs again",
+                job,
+                extra={"action": "run_abandoned_ended", "job": job},
+            )
+            self._wake.set()
+
+        work.add_done_callback(ended)
+
+    async def _finish(self, entry: _Running, lease: AsyncSlotLease, outcome: RunOutcome) -> None:
         spec, record = entry.spec, entry.record
         retry = outcome.state == "failed" and record.attempt <= spec.retries
         if retry:
@@ -660,11 +748,7 @@ class Scheduler:
                 retry_after_us=spec.retry_backoff_us,
             )
         try:
-            accepted = await self.store.run(
-                self.ops.run_finish(
-                    self.options.namespace, spec.name, record.slot_us, record.fence, outcome
-                )
-            )
+            accepted = await lease.finish(outcome)
         except StoreError as exc:
             log.error(
                 "%s: could not record the outcome: %s",
@@ -699,53 +783,6 @@ class Scheduler:
                 "exit_code": outcome.exit_code,
             },
         )
-
-    async def _keepalive(self, entry: _Running, sent_us: int) -> None:
-        spec, record = entry.spec, entry.record
-        ttl = spec.lock_at_most_us
-        deadline = sent_us + ttl - safety_margin_us(ttl)
-        interval_s = ttl / 3e6
-        while True:
-            left_s = (deadline - self.clock.monotonic_us()) / 1e6
-            if left_s <= 0:
-                reason = "lease lost" if spec.keepalive else "lock_at_most elapsed"
-                log.error(
-                    "%s: %s; stopping the run",
-                    spec.name,
-                    reason,
-                    extra={"action": "lease_lost", "job": spec.name, "fence": record.fence},
-                )
-                entry.cancellation.request(reason)
-                return
-            await asyncio.sleep(min(interval_s, left_s) if spec.keepalive else left_s)
-            if not spec.keepalive or self.clock.monotonic_us() >= deadline:
-                continue
-            sent = self.clock.monotonic_us()
-            try:
-                renewed = await asyncio.wait_for(
-                    self.store.run(
-                        self.ops.run_extend(
-                            self.options.namespace, spec.name, record.slot_us, record.fence, ttl
-                        )
-                    ),
-                    max(0.001, (deadline - sent) / 1e6),
-                )
-            except (StoreError, TimeoutError) as exc:
-                log.warning(
-                    "%s: renewal failed: %s",
-                    spec.name,
-                    exc or "timed out",
-                    extra={"action": "lease_renew_failed", "job": spec.name},
-                )
-                interval_s = max(0.05, min(interval_s, (deadline - sent) / 4e6))
-                continue
-            if renewed is None:
-                deadline = 0  # refused: lost now
-                continue
-            deadline = sent + ttl - safety_margin_us(ttl)
-            interval_s = ttl / 3e6
-            if renewed.cancel_requested:
-                entry.cancellation.request("cancel requested")
 
     def _cancel_all(self, reason: str) -> None:
         for entry in self._running.values():
@@ -821,16 +858,3 @@ def _deadline(spec: JobSpec, slot: int) -> int:
             # tolerance must not shed it), until the next slot supersedes it.
             return min(max(window, on_time), fires)
     return max(on_time, window)
-
-
-def _keepalive_ended(task: asyncio.Task[None], entry: _Running) -> None:
-    """A keepalive that died of an error renews nothing: stop the run, as on a lost lease."""
-    if task.cancelled() or task.exception() is None:
-        return
-    log.error(
-        "%s: lease keepalive failed (%s); stopping the run",
-        entry.spec.name,
-        task.exception(),
-        extra={"action": "lease_lost", "job": entry.spec.name, "fence": entry.record.fence},
-    )
-    entry.cancellation.request("lease keepalive failed")

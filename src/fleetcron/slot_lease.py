@@ -1,25 +1,54 @@
-"""The lease of one claimed slot, for ``fleetcron exec --schedule``.
+"""The lease of one claimed slot: for ``fleetcron exec --schedule`` (:class:`SlotLease`)
+and for every run of the scheduler (:class:`AsyncSlotLease`).
 
-It behaves like a :class:`~fleetcron.lease.Lease` (keepalive, local deadline, loss
-callbacks), but renewing it renews the slot's ledger row and the job's lease together,
-and giving it back records the run's outcome — refused if the fence is no longer current.
+It behaves like a lease of the lock API — the same keepalive, local deadline and loss
+report (:mod:`fleetcron.keepalive`) — but renewing it renews the slot's ledger row and
+the job's lease together, and giving it back records the run's outcome, refused if the
+fence is no longer current.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
 from fleetcron.clock import Clock
-from fleetcron.lease import Lease, LeaseTerms
+from fleetcron.lease import AsyncLease, Lease, LeaseTerms
 from fleetcron.models import LeaseRecord, RunOutcome, RunRecord
-from fleetcron.stores.base import LedgerOperations, SyncStore
+from fleetcron.stores.base import AsyncStore, LedgerOperations, SyncStore
 
-__all__ = ["SlotLease"]
+__all__ = ["AsyncSlotLease", "SlotLease"]
+
+_CANCEL_REASON = "another run asked this one to stop (overlap = cancel_other)"
+
+
+def _slot_record(run: RunRecord, terms: LeaseTerms) -> LeaseRecord:
+    """The lease a claim granted, as the lock API describes leases."""
+    started = run.started_us if run.started_us is not None else run.now_us
+    return LeaseRecord(
+        namespace=run.namespace,
+        name=run.job,
+        holder=run.holder,
+        fence=run.fence,
+        acquired_us=started,
+        expires_us=run.expires_us if run.expires_us is not None else started,
+        min_until_us=started + terms.lock_at_least_us,
+        now_us=run.now_us,
+    )
+
+
+def _renewed_record(record: LeaseRecord, run: RunRecord) -> LeaseRecord:
+    expires = run.expires_us if run.expires_us is not None else run.now_us
+    return replace(record, expires_us=expires, now_us=run.now_us)
 
 
 class SlotLease(Lease):
-    """A claimed slot held like a lease. Set :attr:`outcome` before :meth:`release`."""
+    """A claimed slot held like a lease (sync). Set :attr:`outcome` before :meth:`release`.
+
+    A cancellation asked for by another run (``overlap = cancel_other``) ends the lease
+    like a loss: the command is stopped.
+    """
 
     def __init__(
         self,
@@ -30,18 +59,10 @@ class SlotLease(Lease):
         sent_us: int,
         clock: Clock,
     ) -> None:
-        started = run.started_us if run.started_us is not None else run.now_us
-        record = LeaseRecord(
-            namespace=run.namespace,
-            name=run.job,
-            holder=run.holder,
-            fence=run.fence,
-            acquired_us=started,
-            expires_us=run.expires_us if run.expires_us is not None else started,
-            min_until_us=started + terms.lock_at_least_us,
-            now_us=run.now_us,
-        )
-        super().__init__(store, terms, record, sent_us=sent_us, clock=clock, interrupt_thread=False)
+        super().__init__(
+            store, terms, _slot_record(run, terms), sent_us=sent_us, clock=clock,
+            interrupt_thread=False,
+        )  # fmt: skip
         self.run = run
         self.outcome = RunOutcome(state="cancelled", error="ended without an outcome")
         self.accepted: bool | None = None
@@ -62,9 +83,8 @@ class SlotLease(Lease):
             return None
         if run.cancel_requested and not self.cancel_requested:
             self.cancel_requested = True
-            self._declare_lost("another run asked this one to stop (overlap = cancel_other)")
-        expires = run.expires_us if run.expires_us is not None else run.now_us
-        return replace(self.record, expires_us=expires, now_us=run.now_us)
+            self._declare_lost(_CANCEL_REASON)
+        return _renewed_record(self.record, run)
 
     def _release_in_store(self) -> bool:
         self.accepted = self._store.run(
@@ -73,3 +93,60 @@ class SlotLease(Lease):
             )
         )
         return self.accepted
+
+
+class AsyncSlotLease(AsyncLease):
+    """A claimed slot held like a lease (asyncio): one run of the scheduler.
+
+    :meth:`finish` records the outcome and ends the keepalive. A cancellation asked for by
+    another run (``overlap = cancel_other``) is not a loss — the attempt still holds its
+    fence and records its outcome — so it is reported to ``on_cancel`` instead.
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        terms: LeaseTerms,
+        run: RunRecord,
+        *,
+        sent_us: int,
+        clock: Clock,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(store, terms, _slot_record(run, terms), sent_us=sent_us, clock=clock)
+        self.run = run
+        self.outcome = RunOutcome(state="cancelled", error="ended without an outcome")
+        self.cancel_requested = False
+        self._on_cancel = on_cancel
+        self._ledger = cast(LedgerOperations, store.ops)
+
+    async def _renew_in_store(self) -> LeaseRecord | None:
+        run = await self._store.run(
+            self._ledger.run_extend(
+                self.namespace,
+                self.run.job,
+                self.run.slot_us,
+                self.fence,
+                self.terms.lock_at_most_us,
+            )
+        )
+        if run is None:
+            return None
+        if run.cancel_requested and not self.cancel_requested:
+            self.cancel_requested = True
+            if self._on_cancel is not None:
+                self._on_cancel()
+        return _renewed_record(self.record, run)
+
+    async def _release_in_store(self) -> bool:
+        return await self._store.run(
+            self._ledger.run_finish(
+                self.namespace, self.run.job, self.run.slot_us, self.fence, self.outcome
+            )
+        )
+
+    async def finish(self, outcome: RunOutcome) -> bool:
+        """Stop the keepalive and record ``outcome``; ``False`` when the store refused it
+        (the fence is no longer current). Raises ``StoreError`` when the store failed."""
+        self.outcome = outcome
+        return await self.release()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import random
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 
 from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
 from fleetcron.stores.async_sqlstore import AsyncSqlStore
@@ -18,20 +22,22 @@ from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncPostgresStore", "PostgresOperations", "PostgresStore"]
 
-# Every session pins what the lease statements rely on, whatever the role's defaults: a
-# RR/SERIALIZABLE default would turn contention into SQLSTATE 40001 instead of 0 rows.
-_SESSION_OPTIONS = (
-    "-c default_transaction_isolation=read\\ committed "
-    "-c TimeZone=UTC -c idle_in_transaction_session_timeout=0"
-)
+# Nothing is set for the session: behind PgBouncer in transaction pooling mode a session
+# setting (or a startup ``options`` parameter, which it refuses) would reach, or come from,
+# another client's server connection. What the statements rely on is carried by each
+# statement or transaction instead: times are epoch microseconds (no TimeZone), a claim
+# runs in ``BEGIN ISOLATION LEVEL READ COMMITTED``, and a single autocommit statement
+# refused under a stricter default isolation (SQLSTATE 40001/40P01) is sent again — it
+# changed nothing, being its own transaction.
 _CONNECT_TIMEOUT = 10
+_IDLE = TransactionStatus.IDLE
+_RETRIES = 8  # tries of a single statement refused by serialization or a deadlock
 
 
 def _connect_kwargs() -> dict[str, Any]:
     return {
         "autocommit": True,
         "connect_timeout": _CONNECT_TIMEOUT,
-        "options": _SESSION_OPTIONS,
         "application_name": "fleetcron",
         "keepalives": 1,
         "keepalives_idle": 10,
@@ -58,34 +64,38 @@ def _result(cur: Any) -> SqlResult:
 
 # A batch runs in one pipeline: one round trip. Without a Sync the server would run the
 # whole pipeline as one implicit transaction (every claimed job's rows locked until the
-# end, and deadlocks between replicas claiming in different orders); a COMMIT queued after
-# each execution makes each one its own transaction without waiting for it (a Sync would).
+# end, and deadlocks between replicas claiming in different orders); a BEGIN before and a
+# COMMIT after each execution make each one its own READ COMMITTED transaction without
+# waiting for it (a Sync would), whatever the server's default isolation.
+_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _COMMIT = "COMMIT"
-# Every statement of a batch happens at one store time: the batch's first execution reads
-# the clock into this setting (fleetcron_run_claim uses it), the last one clears it.
-_BATCH_CLOCK = "SELECT set_config('fleetcron.batch_now', clock_timestamp()::text, false)"
-_BATCH_CLOCK_CLEAR = "SELECT set_config('fleetcron.batch_now', '', false)"
+_RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
 
 
 class PostgresOperations(SqlOperations, SqlLedger):
     """Lease and run-ledger operations of PostgreSQL."""
 
 
-def _clear_batch_clock(conn: Any) -> None:
-    """A batch stopped by an error never reached its last statement: forget its clock."""
+def _end_failed_transaction(conn: Any) -> None:
+    """A claim stopped by an error leaves its explicit transaction open (a pipeline's Sync
+    does not end it): roll it back, or every later statement would be refused."""
     try:
-        if not conn.closed:
-            conn.execute(_BATCH_CLOCK_CLEAR)
+        if not conn.closed and conn.info.transaction_status != _IDLE:
+            conn.execute("ROLLBACK")
     except psycopg.Error:
         pass
 
 
-async def _clear_batch_clock_async(conn: psycopg.AsyncConnection[Any]) -> None:
+async def _end_failed_transaction_async(conn: psycopg.AsyncConnection[Any]) -> None:
     try:
-        if not conn.closed:
-            await conn.execute(_BATCH_CLOCK_CLEAR)
+        if not conn.closed and conn.info.transaction_status != _IDLE:
+            await conn.execute("ROLLBACK")
     except psycopg.Error:
         pass
+
+
+def _retry_pause(attempt: int) -> float:
+    return 0.001 * (1 << attempt) * random.uniform(0.5, 1.0)
 
 
 class PostgresStore(SqlSyncStore):
@@ -108,7 +118,14 @@ class PostgresStore(SqlSyncStore):
         cur = self._cursor
         if cur is None or cur.connection is not conn or cur.closed:
             cur = self._cursor = conn.cursor()
-        cur.execute(sql, params)
+        for attempt in range(_RETRIES):
+            try:
+                cur.execute(sql, params)
+                break
+            except _RETRYABLE:
+                if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
+                    raise
+                time.sleep(_retry_pause(attempt))
         return _result(cur)
 
     def _execute_batch(
@@ -117,14 +134,13 @@ class PostgresStore(SqlSyncStore):
         cursors = [conn.cursor() for _ in batch]
         try:
             with conn.cursor() as side, conn.pipeline():
-                side.execute(_BATCH_CLOCK)
                 for cur, params in zip(cursors, batch, strict=True):
+                    side.execute(_BEGIN)
                     cur.execute(sql, params)
                     side.execute(_COMMIT)
-                side.execute(_BATCH_CLOCK_CLEAR)
             return [_result(cur) for cur in cursors]
         except psycopg.Error:
-            _clear_batch_clock(conn)
+            _end_failed_transaction(conn)
             raise
         finally:
             for cur in cursors:
@@ -138,6 +154,8 @@ class PostgresStore(SqlSyncStore):
         applied: list[str] = []
         try:
             with conn.transaction():
+                # Transaction-local: nothing of it outlives the migration.
+                conn.execute(self.queries["migration_settings"])
                 conn.execute(self.queries["migration_lock"])
                 conn.execute(self.queries["schema_init"])
                 for migration in self._pending():
@@ -179,7 +197,14 @@ class AsyncPostgresStore(AsyncSqlStore):
         conn = await self._connection()
         try:
             async with conn.cursor() as cur:
-                await cur.execute(sql, params)
+                for attempt in range(_RETRIES):
+                    try:
+                        await cur.execute(sql, params)
+                        break
+                    except _RETRYABLE:
+                        if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
+                            raise
+                        await asyncio.sleep(_retry_pause(attempt))
                 rows = await cur.fetchall() if cur.description is not None else []
                 return SqlResult(rows=list(rows), rowcount=cur.rowcount)
         except psycopg.Error as exc:
@@ -196,11 +221,10 @@ class AsyncPostgresStore(AsyncSqlStore):
         cursors = [conn.cursor() for _ in batch]
         try:
             async with conn.cursor() as side, conn.pipeline():
-                await side.execute(_BATCH_CLOCK)
                 for cur, params in zip(cursors, batch, strict=True):
+                    await side.execute(_BEGIN)
                     await cur.execute(sql, params)
                     await side.execute(_COMMIT)
-                await side.execute(_BATCH_CLOCK_CLEAR)
             results = []
             for cur in cursors:
                 rows = await cur.fetchall() if cur.description is not None else []
@@ -212,7 +236,7 @@ class AsyncPostgresStore(AsyncSqlStore):
             if isinstance(error, StoreUnavailable):
                 await self._drop_connection()
             else:
-                await _clear_batch_clock_async(conn)
+                await _end_failed_transaction_async(conn)
             raise error from exc
         finally:
             for cur in cursors:

@@ -100,6 +100,11 @@ CREATE TABLE IF NOT EXISTS fleetcron_schema (
 -- name: schema_record
 INSERT INTO fleetcron_schema (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: migration_settings
+-- What the migration relies on, for its own transaction only (set_config(…, true)).
+SELECT set_config('TimeZone', 'UTC', true),
+       set_config('idle_in_transaction_session_timeout', '0', true);
+
 -- name: migration_lock
 -- Serialises concurrent first starts; released at COMMIT.
 SELECT pg_advisory_xact_lock(7310585240963158077);
@@ -118,7 +123,7 @@ SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
 
 -- name: run_claim
 -- Executed once per slot in one pipeline; each execution is its own transaction.
-SELECT * FROM fleetcron_run_claim(
+SELECT * FROM fleetcron_run_claim_v2(
     %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
     %(run_id)s::text, %(exclusive)s::boolean, %(max_attempts)s::integer,
     %(trigger)s::text, %(least_us)s::bigint, %(holder)s::text, %(ttl_us)s::bigint,

@@ -1,0 +1,166 @@
+"""PostgreSQL: nothing of an operation lives in the session, and nothing depends on it.
+
+Behind PgBouncer in transaction pooling mode the server connection a transaction runs on
+is shared with other clients, so a session setting made by one transaction reaches
+another client's, and a setting the code relies on may be missing. The store sets nothing
+for the session and its statements keep their rules under any default isolation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from fleetcron.models import SlotClaim
+from fleetcron.stores import open_async_store, open_store, parse_store_url
+from fleetcron.stores.postgres import PostgresStore
+from services import require_service
+
+MINUTE = 60_000_000
+# Settings a client may send at start-up that PgBouncer tracks per client.
+_CLIENT_SETTINGS_ALLOWED = {"application_name", "client_encoding"}
+_SESSION_SETTINGS = """
+SELECT name FROM pg_settings WHERE source IN ('session', 'client') ORDER BY name
+"""
+
+
+def _exercise(store: PostgresStore, namespace: str) -> None:
+    ops = store.ops
+    lease = store.run(ops.lease_acquire(namespace, "report", "h:1:a", 5_000_000, 0))
+    assert lease is not None
+    assert store.run(ops.lease_extend(namespace, "report", "h:1:a", lease.fence, 5_000_000))
+    assert store.run(ops.lease_release(namespace, "report", "h:1:a", lease.fence))
+    now = store.run(ops.store_now())
+    slot = now - now % MINUTE - MINUTE
+    claims = [SlotClaim(job=job, slot_us=slot, run_id=job) for job in ("a", "b", "c")]
+    answers = store.run(ops.run_claim(namespace, claims, "h:1:b", 5_000_000))
+    assert [a.status for a in answers] == ["claimed"] * 3
+
+
+def _custom_setting(conn: psycopg.Connection[tuple[object, ...]]) -> object:
+    row = conn.execute("SELECT current_setting('fleetcron.batch_now', true)").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_no_setting_of_the_sync_store_outlives_its_statements(namespace: str) -> None:
+    url = require_service("postgres")
+    store = open_store(parse_store_url(url))
+    assert isinstance(store, PostgresStore)
+    try:
+        _exercise(store, namespace)
+        conn = store._connection()
+        names = {row[0] for row in conn.execute(_SESSION_SETTINGS).fetchall()}
+        assert names <= _CLIENT_SETTINGS_ALLOWED, f"session-level settings left: {names}"
+        assert _custom_setting(conn) is None, "a batch left its clock in the session"
+    finally:
+        store.close()
+
+
+async def test_no_setting_of_the_async_store_outlives_its_statements(namespace: str) -> None:
+    url = require_service("postgres")
+    store = await open_async_store(parse_store_url(url))
+    try:
+        now = await store.run(store.ops.store_now())
+        slot = now - now % MINUTE - MINUTE
+        claims = [SlotClaim(job=job, slot_us=slot, run_id=job) for job in ("a", "b")]
+        answers = await store.run(store.ops.run_claim(namespace, claims, "h:1:b", 5_000_000))
+        assert [a.status for a in answers] == ["claimed", "claimed"]
+        result = await store._execute_text(_SESSION_SETTINGS, {})  # type: ignore[attr-defined]
+        names = {row[0] for row in result.rows}
+        assert names <= _CLIENT_SETTINGS_ALLOWED, f"session-level settings left: {names}"
+        result = await store._execute_text(  # type: ignore[attr-defined]
+            "SELECT current_setting('fleetcron.batch_now', true)", {}
+        )
+        assert result.rows[0][0] is None, "a batch left its clock in the session"
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module")
+def serializable_url() -> Iterator[str]:
+    """A database of its own whose default isolation is SERIALIZABLE."""
+    base = require_service("postgres")
+    name = f"fleetcron_ser_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(
+            f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'"
+        )
+    head, _, _ = base.rpartition("/")
+    try:
+        yield f"{head}/{name}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_racing_acquirers_keep_mutual_exclusion_under_a_serializable_default(
+    serializable_url: str, namespace: str
+) -> None:
+    stores = [open_store(parse_store_url(serializable_url)) for _ in range(6)]
+    try:
+        conn = stores[0]._connection()  # type: ignore[attr-defined]
+        row = conn.execute("SHOW default_transaction_isolation").fetchone()
+        assert row[0] == "serializable"  # the condition under test holds
+        rounds = 40
+        winners: list[list[int]] = [[] for _ in range(rounds)]
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(len(stores))
+
+        def race(index: int) -> None:
+            store = stores[index]
+            try:
+                for number in range(rounds):
+                    barrier.wait(timeout=30)
+                    name = f"race-{number}"
+                    got = store.run(
+                        store.ops.lease_acquire(namespace, name, f"h:{index}:x", 60_000_000, 0)
+                    )
+                    if got is not None:
+                        winners[number].append(index)
+            except BaseException as exc:
+                errors.append(exc)
+                barrier.abort()
+
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(len(stores))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not errors, errors
+        assert all(len(round_winners) == 1 for round_winners in winners), winners
+    finally:
+        for store in stores:
+            store.close()
+
+
+async def test_racing_batch_claims_keep_every_slot_once_under_a_serializable_default(
+    serializable_url: str, namespace: str
+) -> None:
+    stores = [await open_async_store(parse_store_url(serializable_url)) for _ in range(4)]
+    try:
+        now = await stores[0].run(stores[0].ops.store_now())
+        slot = now - now % MINUTE - MINUTE
+        jobs = [f"job-{n}" for n in range(30)]
+
+        async def claim_all(index: int) -> list[str]:
+            store = stores[index]
+            order = jobs[index:] + jobs[:index]  # each replica in its own order
+            claims = [SlotClaim(job=job, slot_us=slot, run_id=f"{index}-{job}") for job in order]
+            answers = await store.run(
+                store.ops.run_claim(namespace, claims, f"h:{index}", 60_000_000)
+            )
+            return [a.job for a in answers if a.status == "claimed"]
+
+        won = await asyncio.gather(*(claim_all(i) for i in range(len(stores))))
+        everything = [job for replica in won for job in replica]
+        assert sorted(everything) == sorted(jobs), "every slot claimed exactly once"
+    finally:
+        for store in stores:
+            await store.close()
