@@ -29,7 +29,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 from fleetcron._log import log
 from fleetcron.clock import SYSTEM_CLOCK, Clock
@@ -42,7 +41,7 @@ from fleetcron.lease import AsyncLease, LeaseTerms, new_holder
 from fleetcron.models import ClaimResult, JobRecord, RunOutcome, RunRecord, SlotClaim
 from fleetcron.schedules import jitter_us
 from fleetcron.slot_lease import AsyncSlotLease
-from fleetcron.stores.base import AsyncStore, LedgerOperations
+from fleetcron.stores.base import AsyncStore
 
 __all__ = ["LEADER_LEASE", "Scheduler", "SchedulerOptions"]
 
@@ -107,14 +106,12 @@ class Scheduler:
         *,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        if not hasattr(store.ops, "run_claim"):
-            raise ConfigurationError(f"the store {store.url} has no run ledger")
         if options.mode not in ("claim", "leader"):
             raise ConfigurationError(f"mode must be claim or leader, not {options.mode!r}")
         if options.concurrency < 1:
             raise ConfigurationError("concurrency must be at least 1")
         self.store = store
-        self.ops = cast(LedgerOperations, store.ops)
+        self.ops = store.ops
         self.specs = {spec.name: spec for spec in jobs}
         self.options = options
         self.clock = clock

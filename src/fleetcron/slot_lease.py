@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import cast
 
 from fleetcron.clock import Clock
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms
 from fleetcron.models import LeaseRecord, RunOutcome, RunRecord
-from fleetcron.stores.base import AsyncStore, LedgerOperations, SyncStore
+from fleetcron.stores.base import AsyncStore, SyncStore
 
 __all__ = ["AsyncSlotLease", "SlotLease"]
 
@@ -67,7 +66,7 @@ class SlotLease(Lease):
         self.outcome = RunOutcome(state="cancelled", error="ended without an outcome")
         self.accepted: bool | None = None
         self.cancel_requested = False
-        self._ledger = cast(LedgerOperations, store.ops)
+        self._ledger = store.ops
 
     def _renew_in_store(self) -> LeaseRecord | None:
         run = self._store.run(
@@ -118,7 +117,7 @@ class AsyncSlotLease(AsyncLease):
         self.outcome = RunOutcome(state="cancelled", error="ended without an outcome")
         self.cancel_requested = False
         self._on_cancel = on_cancel
-        self._ledger = cast(LedgerOperations, store.ops)
+        self._ledger = store.ops
 
     async def _renew_in_store(self) -> LeaseRecord | None:
         run = await self._store.run(

@@ -15,11 +15,10 @@ import json
 import random
 import sys
 import time
-from typing import Any, cast
+from typing import Any
 
 from fleetcron.models import RunOutcome, SlotClaim
 from fleetcron.stores import SyncStore, open_store, parse_store_url
-from fleetcron.stores.base import LedgerOperations
 
 TTL_US = 30_000_000  # never expires during the test: every claim is finished by its holder
 GIVE_UP_S = 45.0
@@ -33,7 +32,7 @@ def work(
     Returns ``{"holder": holder, "runs": [[job, slot_us, fence, attempt, finished], …],
     "rounds": n, "empty_rounds": n}``; ``finished`` is what ``run_finish`` answered.
     """
-    ops = cast(LedgerOperations, store.ops)
+    ops = store.ops
     rng = random.Random(seed)
     claims = [
         SlotClaim(job=job, slot_us=slot, run_id=f"{holder}/{job}/{slot}", exclusive=exclusive)
@@ -74,7 +73,7 @@ def main(url: str, namespace: str, holder: str, seed: str, slots: str) -> None:
     store = open_store(parse_store_url(url))
     try:
         # A first round trip before "ready", so connecting is not part of the race.
-        store.run(cast(LedgerOperations, store.ops).store_now())
+        store.run(store.ops.store_now())
         sys.stdout.write("ready\n")
         sys.stdout.flush()
         sys.stdin.readline()

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import pytest
 from contract_support import must_acquire, release
@@ -36,7 +36,7 @@ from fleetcron.models import (
     job_lease_name,
 )
 from fleetcron.stores import SyncStore
-from fleetcron.stores.base import LedgerOperations
+from fleetcron.stores.base import Operations
 from fleetcron.stores.ledger import MISSED_ERROR
 
 R = TypeVar("R", RunRecord, JobRecord, LeaseRecord)
@@ -85,10 +85,8 @@ class Ledger:
         self.namespace = namespace
 
     @property
-    def ops(self) -> LedgerOperations:
-        ops = self.store.ops
-        assert hasattr(ops, "run_claim"), f"{type(ops).__name__} has no run ledger operations"
-        return cast(LedgerOperations, ops)
+    def ops(self) -> Operations:
+        return self.store.ops
 
     def elsewhere(self) -> Ledger:
         """The same store, another namespace."""

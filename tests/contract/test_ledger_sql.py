@@ -13,13 +13,13 @@ import random
 import subprocess
 import sys
 import time
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim, job_lease_name
 from fleetcron.stores import SyncStore
-from fleetcron.stores.base import LedgerOperations
+from fleetcron.stores.base import Operations
 from fleetcron.stores.ledger import LOST_ERROR
 
 pytestmark = pytest.mark.parametrize("backend_url", ["postgres", "mysql"], indirect=True)
@@ -30,9 +30,9 @@ LONG_US = 30_000_000
 SHORT_US = 300_000
 
 
-def ledger(store: SyncStore) -> LedgerOperations:
-    """The ledger operations of the store (PostgreSQL and MySQL stores provide both)."""
-    return cast(LedgerOperations, store.ops)
+def ledger(store: SyncStore) -> Operations:
+    """The store's operations."""
+    return store.ops
 
 
 def now_us(store: SyncStore) -> int:

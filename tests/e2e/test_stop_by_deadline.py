@@ -37,7 +37,7 @@ def last_heartbeat_us(path: Path) -> int:
 def final_runs(cli: Cli, job: str) -> list[RunRecord]:
     store = open_store(parse_store_url(cli.backend))
     try:
-        rows = store.run(store.ops.run_list(cli.namespace, job, 100))  # type: ignore[attr-defined]
+        rows = store.run(store.ops.run_list(cli.namespace, job, 100))
     finally:
         store.close()
     return [row for row in rows if row.state in ("cancelled", "failed", "lost", "succeeded")]

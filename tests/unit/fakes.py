@@ -21,4 +21,5 @@ class FakeExecute:
 
     @property
     def names(self) -> list[str]:
-        return [statement.name for statement in self.statements]
+        """The name of each statement (``scan`` for a key scan)."""
+        return [getattr(statement, "name", "scan") for statement in self.statements]

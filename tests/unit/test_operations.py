@@ -1,8 +1,8 @@
 """Store operations driven without a database: statements out, canned results in.
 
-Each operation is a generator that yields :class:`Statement` objects; these tests play
-the runner with a fake ``execute`` that records what was asked and answers with canned
-rows or replies, so what is checked is exactly the operation's logic: which statement,
+Each operation is a generator that yields statements (``fleetcron.stores.statements``);
+these tests play the runner with a fake ``execute`` that records what was asked and answers
+with canned rows or replies, so what is checked is exactly the operation's logic: which statement,
 which bound parameters, how the result maps back.
 """
 
@@ -26,6 +26,7 @@ from fleetcron.stores.sqlops import (
     load_queries,
     split_statements,
 )
+from fleetcron.stores.statements import KeyScan, Query, QueryBatch, Script, fan_out
 
 DIALECTS = ("sqlite", "postgres", "mysql")
 ROW = ("job", "host:1:abc", 7, 1_000, 2_000, 1_500, 1_200)
@@ -56,7 +57,7 @@ def test_sql_acquire_is_one_statement_binding_every_lease_term() -> None:
 
     assert record == replace(RECORD, now_us=1_000)
     assert execute.statements == [
-        Statement(
+        Query(
             "lease_acquire",
             {
                 "namespace": "ns",
@@ -117,7 +118,7 @@ def test_sql_extend_binds_holder_fence_and_length_and_maps_the_row() -> None:
 
     assert record == RECORD
     assert execute.statements == [
-        Statement(
+        Query(
             "lease_extend",
             {"namespace": "ns", "name": "job", "holder": "host:1:abc", "fence": 7, "ttl_us": 9_000},
         )
@@ -142,7 +143,7 @@ def test_sql_release_reports_whether_a_row_was_ours(result: SqlResult, released:
 
     assert drive(SQL.lease_release("ns", "job", "h", 7), execute) is released
     assert execute.statements == [
-        Statement("lease_release", {"namespace": "ns", "name": "job", "holder": "h", "fence": 7})
+        Query("lease_release", {"namespace": "ns", "name": "job", "holder": "h", "fence": 7})
     ]
 
 
@@ -151,7 +152,7 @@ def test_sql_get_maps_the_row_or_none() -> None:
 
     assert drive(SQL.lease_get("ns", "job"), execute) == RECORD
     assert drive(SQL.lease_get("ns", "job"), execute) is None
-    assert execute.statements == [Statement("lease_get", {"namespace": "ns", "name": "job"})] * 2
+    assert execute.statements == [Query("lease_get", {"namespace": "ns", "name": "job"})] * 2
 
 
 def test_sql_list_maps_every_row_in_the_order_the_store_sorted_them() -> None:
@@ -179,7 +180,7 @@ def test_sql_prune_uses_the_preview_for_a_dry_run_and_returns_sorted_names(
 
     assert pruned == ["a", "b", "c"]
     assert execute.statements == [
-        Statement(statement, {"namespace": "ns", "older_than_us": 60_000_000})
+        Query(statement, {"namespace": "ns", "older_than_us": 60_000_000})
     ]
 
 
@@ -203,11 +204,11 @@ def test_sql_claim_answers_each_slot_from_its_one_row_of_status_and_run_columns(
     assert run is not None
     assert (run.job, run.fence, run.run_id, run.expires_us, run.now_us) == ("b", 9, "r-b", 6, 5)
     [statement] = execute.statements
-    assert statement.name == "run_claim"
-    assert [p["job"] for p in statement.batch or ()] == ["a", "b", "c"]
+    assert isinstance(statement, QueryBatch) and statement.name == "run_claim"
+    assert [p["job"] for p in statement.batch] == ["a", "b", "c"]
 
 
-def _sql_statements_of_every_operation() -> list[Statement]:
+def _sql_statements_of_every_operation() -> list[Query]:
     execute = FakeExecute(*[rows()] * 8)
     drive(SQL.lease_acquire("ns", "n", "h", 1, 0), execute)
     drive(SQL.lease_extend("ns", "n", "h", 1, 1), execute)
@@ -216,12 +217,20 @@ def _sql_statements_of_every_operation() -> list[Statement]:
     drive(SQL.lease_list("ns"), execute)
     drive(SQL.lease_prune("ns", 1, True), execute)
     drive(SQL.lease_prune("ns", 1, False), execute)
-    return execute.statements
+    queries = [statement for statement in execute.statements if isinstance(statement, Query)]
+    assert len(queries) == len(execute.statements)
+    return queries
 
 
 STORE_QUERIES = {
     "sqlite": {"schema_version", "schema_init", "schema_record"},
-    "postgres": {"schema_version", "schema_init", "schema_record", "migration_lock"},
+    "postgres": {
+        "schema_version",
+        "schema_init",
+        "schema_record",
+        "migration_settings",
+        "migration_lock",
+    },
     "mysql": {
         "schema_version",
         "schema_init",
@@ -281,7 +290,7 @@ def test_redis_acquire_is_one_script_call_on_the_lease_key() -> None:
 
     assert record == replace(RECORD, now_us=1_000)
     assert execute.statements == [
-        Statement("lease_acquire", {"argv": ("host:1:abc", 1_000, 500, "ns", "job")}, keys=(KEY,))
+        Script("lease_acquire", (KEY,), ("host:1:abc", 1_000, 500, "ns", "job"))
     ]
 
 
@@ -297,9 +306,7 @@ def test_redis_extend_binds_holder_fence_and_length() -> None:
     record = drive(REDIS.lease_extend("ns", "job", "host:1:abc", 7, 9_000), execute)
 
     assert record == RECORD
-    assert execute.statements == [
-        Statement("lease_extend", {"argv": ("host:1:abc", 7, 9_000)}, keys=(KEY,))
-    ]
+    assert execute.statements == [Script("lease_extend", (KEY,), ("host:1:abc", 7, 9_000))]
 
 
 @pytest.mark.parametrize(("reply", "released"), [(1, True), (0, False)])
@@ -307,7 +314,7 @@ def test_redis_release_reports_the_scripts_answer(reply: int, released: bool) ->
     execute = FakeExecute(reply)
 
     assert drive(REDIS.lease_release("ns", "job", "h", 7), execute) is released
-    assert execute.statements == [Statement("lease_release", {"argv": ("h", 7)}, keys=(KEY,))]
+    assert execute.statements == [Script("lease_release", (KEY,), ("h", 7))]
 
 
 def test_redis_get_maps_the_stored_fields_or_none() -> None:
@@ -316,7 +323,7 @@ def test_redis_get_maps_the_stored_fields_or_none() -> None:
 
     assert drive(REDIS.lease_get("ns", "job"), execute) == RECORD
     assert drive(REDIS.lease_get("ns", "job"), execute) is None
-    assert execute.statements[0] == Statement("lease_get", {"argv": ()}, keys=(KEY,))
+    assert execute.statements[0] == Script("lease_get", (KEY,), ())
 
 
 def test_redis_list_scans_the_namespace_then_reads_every_key_in_one_batch() -> None:
@@ -335,8 +342,8 @@ def test_redis_list_scans_the_namespace_then_reads_every_key_in_one_batch() -> N
     assert [r.name for r in listed] == ["alpha", "zeta"]
     assert [r.holder for r in listed] == ["h2", "h1"]
     assert execute.statements == [
-        Statement("scan", {"match": _namespace_pattern("ns")}),
-        Statement("lease_get[]", {"argv": ()}, keys=tuple(keys)),
+        KeyScan(_namespace_pattern("ns")),
+        fan_out("lease_get", tuple(keys), ()),
     ]
 
 
@@ -348,9 +355,7 @@ def test_redis_prune_scans_then_prunes_each_key_and_returns_sorted_names(
     execute = FakeExecute(keys, [b"b", b"a", False])
 
     assert drive(REDIS.lease_prune("ns", 5_000, dry_run), execute) == ["a", "b"]
-    assert execute.statements[1] == Statement(
-        "lease_prune[]", {"argv": (5_000, flag)}, keys=tuple(keys)
-    )
+    assert execute.statements[1] == fan_out("lease_prune", tuple(keys), (5_000, flag))
 
 
 def test_every_redis_statement_is_a_script_or_a_scan() -> None:
@@ -374,8 +379,8 @@ def test_redis_keys_are_hash_tagged_and_unambiguous() -> None:
 
 # -- the runners -----------------------------------------------------------------------
 def _two_step() -> Any:
-    first = yield Statement("one")
-    second = yield Statement("two", {"previous": first})
+    first = yield Query("one")
+    second = yield Query("two", {"previous": first})
     return (first, second)
 
 
@@ -383,7 +388,7 @@ def test_drive_feeds_each_result_back_and_returns_the_operations_value() -> None
     execute = FakeExecute("a", "b")
 
     assert drive(_two_step(), execute) == ("a", "b")
-    assert execute.statements == [Statement("one"), Statement("two", {"previous": "a"})]
+    assert execute.statements == [Query("one"), Query("two", {"previous": "a"})]
 
 
 async def test_drive_async_feeds_each_awaited_result_back() -> None:
@@ -405,3 +410,28 @@ def test_a_failing_statement_propagates_and_closes_the_operation() -> None:
     with pytest.raises(RuntimeError, match="store failed on one"):
         drive(operation, fail)
     assert operation.gi_frame is None  # closed, not left suspended
+
+
+def test_every_backend_implements_every_operation() -> None:
+    from fleetcron.stores.base import Operations
+    from fleetcron.stores.memory import MemoryOperations
+    from fleetcron.stores.mysql import MysqlOperations
+    from fleetcron.stores.postgres import PostgresOperations
+    from fleetcron.stores.sqlite_ops import SqliteOperations
+
+    names = {
+        name
+        for name in dir(Operations)
+        if not name.startswith("_") and callable(getattr(Operations, name))
+    }
+    assert {"lease_acquire", "run_claim", "job_list", "store_now"} <= names
+    for ops in (
+        MemoryOperations(),
+        SqliteOperations(),
+        PostgresOperations(),
+        MysqlOperations(),
+        RedisOperations(),
+    ):
+        assert isinstance(ops, Operations), type(ops).__name__
+        missing = [name for name in names if not callable(getattr(ops, name, None))]
+        assert not missing, (type(ops).__name__, missing)

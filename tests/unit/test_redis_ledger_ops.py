@@ -17,7 +17,7 @@ from fakes import FakeExecute
 from redis.crc import key_slot
 
 from fleetcron.models import JobRecord, RunOutcome, RunRecord, SlotClaim, job_lease_name
-from fleetcron.stores.base import Statement, drive
+from fleetcron.stores.base import drive
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.redis import (
     _LEDGER,
@@ -27,12 +27,12 @@ from fleetcron.stores.redis import (
     RedisStore,
     _jobs_pattern,
     _namespace_pattern,
-    _pipelined_calls,
     job_key,
     lease_key,
     run_key,
     slots_key,
 )
+from fleetcron.stores.statements import KeyScan, Script, ScriptCalls, fan_out
 
 REDIS = RedisOperations()
 NS = "ns"
@@ -187,13 +187,13 @@ def test_a_claim_batch_on_one_server_is_one_script_call_deciding_every_claim() -
     assert answers[0].run == RUNNING
     assert answers[1].run is None
     assert execute.statements == [
-        Statement(
+        ScriptCalls(
             "run_claim",
-            batch=(
-                {
-                    "keys": (LEASE, JOB, RUN, SLOTS, *REPORT_KEYS, *BACKUP_3_KEYS),
-                    "argv": (*COMMON, *BACKUP_1_ARGS, *REPORT_ARGS, *BACKUP_3_ARGS),
-                },
+            (
+                (
+                    (LEASE, JOB, RUN, SLOTS, *REPORT_KEYS, *BACKUP_3_KEYS),
+                    (*COMMON, *BACKUP_1_ARGS, *REPORT_ARGS, *BACKUP_3_ARGS),
+                ),
             ),
         )
     ]
@@ -212,16 +212,12 @@ def test_a_claim_batch_on_a_cluster_is_one_call_per_job_each_in_one_hash_slot() 
     ]
     assert [a.run.slot_us for a in answers if a.run is not None] == [2_000, 3_000]
     [statement] = execute.statements
-    assert statement.batch == (
-        {
-            "keys": (LEASE, JOB, RUN, SLOTS, *BACKUP_3_KEYS),
-            "argv": (*COMMON, *BACKUP_1_ARGS, *BACKUP_3_ARGS),
-        },
-        {"keys": REPORT_KEYS, "argv": (*COMMON, *REPORT_ARGS)},
+    assert isinstance(statement, ScriptCalls)
+    assert statement.calls == (
+        ((LEASE, JOB, RUN, SLOTS, *BACKUP_3_KEYS), (*COMMON, *BACKUP_1_ARGS, *BACKUP_3_ARGS)),
+        (REPORT_KEYS, (*COMMON, *REPORT_ARGS)),
     )
-    for call in statement.batch:
-        keys = call["keys"]
-        assert isinstance(keys, tuple)
+    for keys, _args in statement.calls:
         assert len({key_slot(key.encode()) for key in keys}) == 1
 
 
@@ -287,9 +283,7 @@ def test_extend_binds_fence_and_length_on_the_lease_and_the_run_row() -> None:
 
     assert renewed is not None and renewed.cancel_requested
     assert drive(REDIS.run_extend(NS, "backup", 1_000, 6_999, 30_000), execute) is None
-    assert execute.statements[0] == Statement(
-        "run_extend", {"argv": (7_000, 30_000)}, keys=(LEASE, RUN)
-    )
+    assert execute.statements[0] == Script("run_extend", (LEASE, RUN), (7_000, 30_000))
 
 
 def test_finish_encodes_nulls_and_keeps_the_last_4096_characters_of_output() -> None:
@@ -303,12 +297,13 @@ def test_finish_encodes_nulls_and_keeps_the_last_4096_characters_of_output() -> 
         is False
     )
     first, second = execute.statements
-    assert first == Statement(
+    assert first == Script(
         "run_finish",
-        {"argv": (7_000, "failed", "=0", "=", "=" + "é" * OUTPUT_LIMIT, "=60", "backup")},
-        keys=(LEASE, JOB, RUN),
+        (LEASE, JOB, RUN),
+        (7_000, "failed", "=0", "=", "=" + "é" * OUTPUT_LIMIT, "=60", "backup"),
     )
-    assert second.params["argv"] == (7_000, "succeeded", "", "", "", "", "backup")
+    assert isinstance(second, Script)
+    assert second.args == (7_000, "succeeded", "", "", "", "", "backup")
 
 
 @pytest.mark.parametrize(("reply", "inserted"), [(1, True), (0, False)])
@@ -323,16 +318,8 @@ def test_record_inserts_a_final_row_on_the_run_and_job_rows_and_the_index(
     )
     drive(REDIS.run_record(NS, "backup", 1_000, "skipped", None, "schedule"), execute)
     assert execute.statements == [
-        Statement(
-            "run_record",
-            {"argv": (1_000, "missed", "=late", "schedule", "backup")},
-            keys=(JOB, RUN, SLOTS),
-        ),
-        Statement(
-            "run_record",
-            {"argv": (1_000, "skipped", "", "schedule", "backup")},
-            keys=(JOB, RUN, SLOTS),
-        ),
+        Script("run_record", (JOB, RUN, SLOTS), (1_000, "missed", "=late", "schedule", "backup")),
+        Script("run_record", (JOB, RUN, SLOTS), (1_000, "skipped", "", "schedule", "backup")),
     ]
 
 
@@ -343,8 +330,8 @@ def test_cancel_and_get_are_one_script_each() -> None:
     assert drive(REDIS.run_get(NS, "backup", 1_000), execute) == RUNNING
     assert drive(REDIS.run_get(NS, "backup", 1_000), execute) is None
     assert execute.statements[:2] == [
-        Statement("run_cancel", {"argv": ()}, keys=(SLOTS,)),
-        Statement("run_get", {"argv": ()}, keys=(RUN,)),
+        Script("run_cancel", (SLOTS,), ()),
+        Script("run_get", (RUN,), ()),
     ]
 
 
@@ -354,7 +341,7 @@ def test_list_of_one_job_reads_its_slot_index() -> None:
     listed = drive(REDIS.run_list(NS, "backup", 2), execute)
 
     assert [run.slot_us for run in listed] == [3, 2]
-    assert execute.statements == [Statement("run_list", {"argv": (2,)}, keys=(SLOTS,))]
+    assert execute.statements == [Script("run_list", (SLOTS,), (2,))]
 
 
 def test_list_of_every_job_scans_job_rows_then_merges_newest_slot_first() -> None:
@@ -371,8 +358,8 @@ def test_list_of_every_job_scans_job_rows_then_merges_newest_slot_first() -> Non
 
     assert [(run.job, run.slot_us) for run in listed] == [("a", 5), ("b", 5), ("a", 4), ("b", 3)]
     assert execute.statements == [
-        Statement("scan", {"match": _jobs_pattern(NS)}),
-        Statement("run_list[]", {"argv": (4,)}, keys=(slots_key(NS, "b"), slots_key(NS, "a"))),
+        KeyScan(_jobs_pattern(NS)),
+        fan_out("run_list", (slots_key(NS, "b"), slots_key(NS, "a")), (4,)),
     ]
 
 
@@ -390,7 +377,7 @@ def test_due_rows_of_named_jobs_read_their_slot_indexes_without_a_scan() -> None
 
     assert [(r.job, r.slot_us) for r in due] == [("a", 1_000), ("b", 2_000)]
     assert execute.statements == [
-        Statement("run_due[]", {"argv": (5,)}, keys=(slots_key(NS, "b"), slots_key(NS, "a")))
+        fan_out("run_due", (slots_key(NS, "b"), slots_key(NS, "a")), (5,))
     ]
     assert drive(REDIS.run_due(NS, 5, []), execute) == []
     assert len(execute.statements) == 1
@@ -401,10 +388,8 @@ def test_prune_scans_job_rows_then_prunes_each_job_and_adds_up() -> None:
     execute = FakeExecute(jobs, [2, 0])
 
     assert drive(REDIS.run_prune(NS, 10, 3_600_000_000), execute) == 2
-    assert execute.statements[1] == Statement(
-        "run_prune[]",
-        {"argv": (10, 3_600_000_000)},
-        keys=(slots_key(NS, "a"), slots_key(NS, "b")),
+    assert execute.statements[1] == fan_out(
+        "run_prune", (slots_key(NS, "a"), slots_key(NS, "b")), (10, 3_600_000_000)
     )
 
 
@@ -415,11 +400,11 @@ def test_register_is_one_pipeline_of_calls_returning_each_row_as_it_was_before()
     assert drive(REDIS.job_register(NS, [("backup", "{}", "fp0")]), execute) == [None]
     registered = [("backup", "{}", "fp1"), ("report", '{"every": "1m"}', "fp2")]
     assert drive(REDIS.job_register(NS, registered), execute) == [JOB_ROW, None]
-    assert execute.statements[1] == Statement(
+    assert execute.statements[1] == ScriptCalls(
         "job_register",
-        batch=(
-            {"keys": (JOB,), "argv": ("backup", "{}", "fp1")},
-            {"keys": (job_key(NS, "report"),), "argv": ("report", '{"every": "1m"}', "fp2")},
+        (
+            ((JOB,), ("backup", "{}", "fp1")),
+            ((job_key(NS, "report"),), ("report", '{"every": "1m"}', "fp2")),
         ),
     )
     assert drive(REDIS.job_register(NS, []), execute) == []
@@ -432,7 +417,7 @@ def test_set_paused_reports_an_unknown_job(paused: bool, flag: int) -> None:
 
     assert drive(REDIS.job_set_paused(NS, "backup", paused), execute) is True
     assert drive(REDIS.job_set_paused(NS, "backup", paused), execute) is False
-    assert execute.statements[0] == Statement("job_set_paused", {"argv": (flag,)}, keys=(JOB,))
+    assert execute.statements[0] == Script("job_set_paused", (JOB,), (flag,))
 
 
 def test_job_get_and_list() -> None:
@@ -448,8 +433,8 @@ def test_job_get_and_list() -> None:
         ("backup", False, 1_000),
     ]
     assert execute.statements[2:] == [
-        Statement("scan", {"match": _jobs_pattern(NS)}),
-        Statement("job_get[]", {"argv": ()}, keys=(JOB, job_key(NS, "alpha"))),
+        KeyScan(_jobs_pattern(NS)),
+        fan_out("job_get", (JOB, job_key(NS, "alpha")), ()),
     ]
 
 
@@ -457,7 +442,7 @@ def test_store_now_is_the_servers_time() -> None:
     execute = FakeExecute(b"1700000000123456")
 
     assert drive(REDIS.store_now(), execute) == 1_700_000_000_123_456
-    assert execute.statements == [Statement("store_now", {"argv": ()})]
+    assert execute.statements == [Script("store_now")]
 
 
 def test_lease_listing_skips_the_ledger_keys_of_the_namespace() -> None:
@@ -467,9 +452,10 @@ def test_lease_listing_skips_the_ledger_keys_of_the_namespace() -> None:
     drive(REDIS.lease_list(NS), execute)
     drive(REDIS.lease_prune(NS, 1, True), execute)
 
-    assert execute.statements[0] == Statement("scan", {"match": _namespace_pattern(NS)})
-    assert execute.statements[1].keys == (LEASE, lease_key(NS, "other"))
-    assert execute.statements[3].keys == (LEASE, lease_key(NS, "other"))
+    assert execute.statements[0] == KeyScan(_namespace_pattern(NS))
+    leases = (LEASE, lease_key(NS, "other"))
+    assert execute.statements[1] == fan_out("lease_get", leases)
+    assert execute.statements[3] == fan_out("lease_prune", leases, (1, 1))
 
 
 def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
@@ -524,15 +510,10 @@ def test_every_script_documents_its_keys_arguments_and_reply(name: str) -> None:
 
 
 # -- the runner's pipeline ---------------------------------------------------------------------
-def test_pipelined_calls_carry_their_own_or_a_shared_argv() -> None:
-    batch = Statement(
-        "run_claim", batch=({"keys": ("k1", "k2"), "argv": (1,)}, {"keys": ("k3",), "argv": (2, 3)})
+def test_a_fan_out_is_one_call_per_key_with_the_same_arguments() -> None:
+    assert fan_out("job_get", ("a", "b"), (9,)) == ScriptCalls(
+        "job_get", ((("a",), (9,)), (("b",), (9,)))
     )
-    shared = Statement("job_get[]", {"argv": (9,)}, keys=("a", "b"))
-
-    assert _pipelined_calls(batch) == [(["k1", "k2"], [1]), (["k3"], [2, 3])]
-    assert _pipelined_calls(shared) == [(["a"], [9]), (["b"], [9])]
-    assert _pipelined_calls(Statement("run_get", {"argv": ()}, keys=("a",))) is None
 
 
 class FakePipeline:
@@ -590,9 +571,7 @@ def _store(client: FakeClient, script: FakeScript) -> RedisStore:
 def test_a_batch_is_one_pipeline_of_evalsha_calls_each_with_its_keys_and_arguments() -> None:
     client = FakeClient({"sha"})
     store = _store(client, FakeScript("sha", "lua"))
-    statement = Statement(
-        "run_claim", batch=({"keys": ("k1", "k2"), "argv": (1,)}, {"keys": ("k3",), "argv": ("x",)})
-    )
+    statement = ScriptCalls("run_claim", ((("k1", "k2"), (1,)), (("k3",), ("x",))))
 
     assert store._execute(statement) == [["k1", "k2", 1], ["k3", "x"]]
     assert client.round_trips == [[("sha", 2, "k1", "k2", 1), ("sha", 1, "k3", "x")]]
@@ -602,7 +581,7 @@ def test_calls_refused_for_an_unknown_script_are_sent_again_after_loading_it() -
     client = FakeClient(set())
     script = FakeScript("stale", "lua")
     store = _store(client, script)
-    statement = Statement("run_claim[]", {"argv": (1,)}, keys=("a", "b"))
+    statement = fan_out("run_claim", ("a", "b"), (1,))
 
     assert store._execute(statement) == [["a", 1], ["b", 1]]
     assert len(client.round_trips) == 2 and script.sha == "sha-of-lua"
@@ -615,12 +594,12 @@ def test_an_error_reply_in_a_batch_is_raised() -> None:
     store = _store(FakeClient({"sha"}, reply), FakeScript("sha", "lua"))
 
     with pytest.raises(redis.exceptions.ResponseError, match="boom"):
-        store._execute(Statement("run_claim[]", {"argv": ()}, keys=("a", "b")))
+        store._execute(fan_out("run_claim", ("a", "b"), ()))
 
 
 def test_an_empty_batch_sends_nothing() -> None:
     client = FakeClient({"sha"})
     store = _store(client, FakeScript("sha", "lua"))
 
-    assert store._execute(Statement("run_claim[]", {"argv": ()}, keys=())) == []
+    assert store._execute(fan_out("run_claim", (), ())) == []
     assert client.round_trips == []

@@ -251,15 +251,6 @@ async def test_a_run_past_its_timeout_is_cancelled_and_recorded_as_failed() -> N
     assert failed and all(r.error == "timed out" for r in failed)
 
 
-def test_scheduler_refuses_a_store_without_a_ledger() -> None:
-    class NoLedger:
-        url = "x://"
-        ops = object()
-
-    with pytest.raises(Exception, match="no run ledger"):
-        Scheduler(NoLedger(), [], SchedulerOptions(namespace=NS))  # type: ignore[arg-type]
-
-
 class Unplugged(AsyncMemoryStore):
     """An async store whose connection can be cut, as for a partitioned replica."""
 

@@ -16,7 +16,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from types import FrameType
-from typing import cast
 
 from fleetcron._log import log
 from fleetcron.cli.exitcodes import (
@@ -34,7 +33,7 @@ from fleetcron.lease import Lease, new_holder
 from fleetcron.models import RunOutcome, SlotClaim, micros_to_datetime
 from fleetcron.schedules import Schedule
 from fleetcron.slot_lease import SlotLease
-from fleetcron.stores.base import LedgerOperations, SyncStore
+from fleetcron.stores.base import SyncStore
 
 __all__ = [
     "ExecOptions",
@@ -362,9 +361,7 @@ def run_exec_schedule(
 ) -> int:
     """``exec --schedule``: run the command for the latest slot the store's clock has
     reached, once across every host and every duplicate trigger."""
-    if not hasattr(store.ops, "run_claim"):
-        raise ConfigurationError(f"the store {store.url} has no run ledger")
-    ledger = cast(LedgerOperations, store.ops)
+    ledger = store.ops
     terms = lease_terms(
         namespace,
         options.name,

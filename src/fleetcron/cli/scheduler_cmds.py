@@ -9,10 +9,10 @@ import os
 import signal
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from fleetcron.durations import format_duration
-from fleetcron.errors import ConfigurationError, FleetcronError
+from fleetcron.errors import ConfigurationError
 from fleetcron.fleet import NAMESPACE_ENV
 from fleetcron.jobsfile import load_jobs_file
 from fleetcron.models import RunRecord, micros_to_datetime
@@ -20,7 +20,6 @@ from fleetcron.names import validate_name, validate_namespace
 from fleetcron.scheduler import Scheduler, SchedulerOptions
 from fleetcron.schedules import from_datetime, schedule_from_definition
 from fleetcron.stores import open_async_store, open_store, resolve_backend
-from fleetcron.stores.base import LedgerOperations, SyncStore
 
 __all__ = [
     "add_parsers",
@@ -139,12 +138,6 @@ def run_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ledger(store: SyncStore) -> LedgerOperations:
-    if not hasattr(store.ops, "run_claim"):
-        raise FleetcronError(f"the store {store.url} has no run ledger")
-    return cast(LedgerOperations, store.ops)
-
-
 def _iso(micros: int | None) -> str:
     if micros is None:
         return "-"
@@ -181,7 +174,7 @@ def run_runs(args: argparse.Namespace) -> int:
     args.job = _job_arg(args)
     store = open_store(url)
     try:
-        runs = store.run(_ledger(store).run_list(namespace, args.job, args.limit))
+        runs = store.run(store.ops.run_list(namespace, args.job, args.limit))
     finally:
         store.close()
     rows = [_row(run) for run in runs]
@@ -223,7 +216,7 @@ def run_pause(args: argparse.Namespace, paused: bool) -> int:
     args.job = _job_arg(args)
     store = open_store(url)
     try:
-        known = store.run(_ledger(store).job_set_paused(namespace, args.job, paused))
+        known = store.run(store.ops.job_set_paused(namespace, args.job, paused))
     finally:
         store.close()
     if not known:
@@ -245,7 +238,7 @@ def run_trigger(args: argparse.Namespace) -> int:
     args.job = _job_arg(args)
     store = open_store(url)
     try:
-        ledger = _ledger(store)
+        ledger = store.ops
         if store.run(ledger.job_get(namespace, args.job)) is None:
             raise ConfigurationError(
                 f"no job {args.job!r} in namespace {namespace!r} "
@@ -282,7 +275,7 @@ def run_backfill(args: argparse.Namespace) -> int:
     args.job = _job_arg(args)
     store = open_store(url)
     try:
-        ledger = _ledger(store)
+        ledger = store.ops
         job = store.run(ledger.job_get(namespace, args.job))
         if job is None or job.definition in ("", "{}"):
             raise ConfigurationError(

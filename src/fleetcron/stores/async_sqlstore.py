@@ -15,9 +15,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from fleetcron.errors import SchemaError
-from fleetcron.stores.base import Capability, Operation, SqlResult, Statement, drive_async
-from fleetcron.stores.sqlops import SqlOperations, load_migrations, load_queries
+from fleetcron.stores.base import (
+    Capability,
+    Operation,
+    Operations,
+    SqlResult,
+    Statement,
+    drive_async,
+)
+from fleetcron.stores.sqlops import load_migrations, load_queries
 from fleetcron.stores.sqlstore import SqlSyncStore
+from fleetcron.stores.statements import Query, QueryBatch
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncSqlStore"]
@@ -32,7 +40,7 @@ class AsyncSqlStore(ABC):
     capabilities: ClassVar[Capability]
     sync_store: ClassVar[type[SqlSyncStore]]  # runs the migrations
 
-    def __init__(self, url: StoreURL, ops: SqlOperations) -> None:
+    def __init__(self, url: StoreURL, ops: Operations) -> None:
         self.url = url.redacted
         self._url = url
         self.ops = ops
@@ -99,10 +107,13 @@ class AsyncSqlStore(ABC):
         return await asyncio.to_thread(work)
 
     async def _statement(self, statement: Statement) -> SqlResult | list[SqlResult]:
-        sql = self.queries[statement.name]
-        if statement.batch is not None:
-            return await self._execute_batch(sql, statement.batch)
-        return await self._execute_text(sql, dict(statement.params))
+        match statement:
+            case Query(name, params):
+                return await self._execute_text(self.queries[name], dict(params))
+            case QueryBatch(name, batch):
+                return await self._execute_batch(self.queries[name], batch)
+            case _:
+                raise TypeError(f"a SQL store cannot run {statement!r}")
 
     async def run(self, operation: Operation[T]) -> T:
         """Carry out ``operation`` (one lock hold, so its statements are not interleaved)."""

@@ -23,16 +23,15 @@ Contract every backend keeps (``tests/contract`` is the executable specification
 from __future__ import annotations
 
 import enum
-from collections.abc import Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from fleetcron.models import ClaimResult, JobRecord, LeaseRecord, RunOutcome, RunRecord, SlotClaim
+from fleetcron.stores.statements import SqlResult, Statement
 
 __all__ = [
     "AsyncStore",
     "Capability",
-    "LedgerOperations",
     "Operation",
     "Operations",
     "SqlResult",
@@ -59,35 +58,10 @@ class Capability(enum.Flag):
     PERSISTENT = enum.auto()  # survives a restart of the process
 
 
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """One unit of I/O an operation asks its runner to carry out.
-
-    ``name`` names a query in the backend's ``.sql`` file or a Lua script; ``params`` are
-    bound, never interpolated.
-    """
-
-    name: str
-    params: Mapping[str, object] = field(default_factory=dict)
-    keys: tuple[str, ...] = ()
-    batch: tuple[Mapping[str, object], ...] | None = None
-    """When set, the query runs once per parameter set, all in one round trip (PostgreSQL
-    pipeline, MySQL multi-statement text, Redis pipeline); the result is a list, one
-    result per set, in order. Each execution must produce exactly one result set."""
-
-
-@dataclass(frozen=True, slots=True)
-class SqlResult:
-    """Rows returned by a statement (empty when it returns none) and rows it matched."""
-
-    rows: list[tuple[Any, ...]]
-    rowcount: int
-
-
 Operation = Generator[Statement, Any, T]
 
 
-def drive(operation: Operation[T], execute: Any) -> T:
+def drive(operation: Operation[T], execute: Callable[[Statement], Any]) -> T:
     """Run ``operation`` to completion, executing each statement with ``execute``."""
     try:
         statement = next(operation)
@@ -99,7 +73,7 @@ def drive(operation: Operation[T], execute: Any) -> T:
         operation.close()
 
 
-async def drive_async(operation: Operation[T], execute: Any) -> T:
+async def drive_async(operation: Operation[T], execute: Callable[[Statement], Awaitable[Any]]) -> T:
     """Async twin of :func:`drive`: ``execute`` is a coroutine function."""
     try:
         statement = next(operation)
@@ -111,8 +85,19 @@ async def drive_async(operation: Operation[T], execute: Any) -> T:
         operation.close()
 
 
+@runtime_checkable
 class Operations(Protocol):
-    """The operations of one backend. Each returns an :data:`Operation` to drive."""
+    """Every operation of a store; each backend implements all of them. Each returns an
+    :data:`Operation` to drive with the store's runner.
+
+    Atomicity: every operation is one atomic step of the store — one statement or one
+    function call (PostgreSQL), one transaction of a multi-statement text (MySQL), one
+    ``BEGIN IMMEDIATE`` transaction (SQLite), one Lua script (Redis), one step under a lock
+    (memory) — except where a docstring says otherwise: the claims of a ``run_claim`` batch
+    are each atomic, one after another; operations over a whole namespace (``lease_list``,
+    ``run_list``, ``run_due``, ``run_prune``, ``job_list`` on Redis; ``run_settled``) read
+    or change each row atomically, not the set as a whole.
+    """
 
     def lease_acquire(
         self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
@@ -144,10 +129,7 @@ class Operations(Protocol):
         """Delete rows not held, and unused for ``older_than_us``; return their names."""
         ...
 
-
-class LedgerOperations(Protocol):
-    """The run ledger's operations (docs/design/ledger.md)."""
-
+    # -- the run ledger (docs/design/ledger.md) -------------------------------------------
     def store_now(self) -> Operation[int]:
         """The store's clock, µs since the epoch."""
         ...

@@ -31,6 +31,7 @@ from fleetcron.stores.ledger import (
     new_job,
     recorded_run,
 )
+from fleetcron.stores.statements import Step
 
 __all__ = ["AsyncMemoryStore", "MemoryOperations", "MemoryStore"]
 
@@ -44,11 +45,11 @@ class _State:
     jobs: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
 
 
-Step = Callable[[_State, int], Any]
+StepFunction = Callable[[_State, int], Any]
 
 
-def _step(fn: Step) -> Statement:
-    return Statement("call", {"fn": fn})
+def _step(fn: StepFunction) -> Step:
+    return Step(fn)
 
 
 class _MemoryLeases:
@@ -431,8 +432,9 @@ class MemoryStore:
         self._lock = threading.Lock()
 
     def _execute(self, statement: Statement) -> Any:
-        fn: Step = statement.params["fn"]  # type: ignore[assignment]
-        return fn(self._state, self.clock.wall_us())
+        if not isinstance(statement, Step):
+            raise TypeError(f"the memory store cannot run {statement!r}")
+        return statement.fn(self._state, self.clock.wall_us())
 
     def run(self, operation: Operation[T]) -> T:
         with self._lock:

@@ -107,7 +107,9 @@ class MysqlStore(SqlSyncStore):
     def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
         self._args = connect_args(url)
         super().__init__(url, auto_migrate=auto_migrate)
-        self.ops = MysqlOperations()
+
+    def _operations(self) -> MysqlOperations:
+        return MysqlOperations()
 
     def _connect(self) -> Any:
         return pymysql.connect(**self._args)

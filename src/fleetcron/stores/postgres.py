@@ -107,7 +107,9 @@ class PostgresStore(SqlSyncStore):
     def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
         self._cursor: Any = None
         super().__init__(url, auto_migrate=auto_migrate)
-        self.ops = PostgresOperations()
+
+    def _operations(self) -> PostgresOperations:
+        return PostgresOperations()
 
     def _connect(self) -> Any:
         return psycopg.connect(self._url.raw, **_connect_kwargs())

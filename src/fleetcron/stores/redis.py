@@ -43,7 +43,8 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript, Script
+from redis.commands.core import AsyncScript
+from redis.commands.core import Script as RedisScript
 
 from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
 from fleetcron.models import (
@@ -64,6 +65,7 @@ from fleetcron.stores.base import (
     drive_async,
 )
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
 from fleetcron.stores.url import StoreURL
 
 __all__ = [
@@ -658,10 +660,10 @@ class _RedisLeases:
     def lease_acquire(
         self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
     ) -> Operation[LeaseRecord | None]:
-        reply = yield Statement(
+        reply = yield Script(
             "lease_acquire",
-            {"argv": (holder, ttl_us, least_us, namespace, name)},
-            keys=(lease_key(namespace, name),),
+            (lease_key(namespace, name),),
+            (holder, ttl_us, least_us, namespace, name),
         )
         if not reply:
             return None
@@ -671,51 +673,45 @@ class _RedisLeases:
     def lease_extend(
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
     ) -> Operation[LeaseRecord | None]:
-        reply = yield Statement(
-            "lease_extend", {"argv": (holder, fence, ttl_us)}, keys=(lease_key(namespace, name),)
-        )
+        reply = yield Script("lease_extend", (lease_key(namespace, name),), (holder, fence, ttl_us))
         return _record(namespace, name, holder, reply) if reply else None
 
     def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
-        reply = yield Statement(
-            "lease_release", {"argv": (holder, fence)}, keys=(lease_key(namespace, name),)
-        )
+        reply = yield Script("lease_release", (lease_key(namespace, name),), (holder, fence))
         return bool(reply)
 
     def lease_get(self, namespace: str, name: str) -> Operation[LeaseRecord | None]:
-        reply = yield Statement("lease_get", {"argv": ()}, keys=(lease_key(namespace, name),))
+        reply = yield Script("lease_get", (lease_key(namespace, name),), ())
         return _from_get(namespace, reply)
 
     def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
-        keys = yield Statement("scan", {"match": _namespace_pattern(namespace)})
+        keys = yield KeyScan(_namespace_pattern(namespace))
         keys = [key for key in keys if _is_lease_key(key)]
-        replies = yield Statement("lease_get[]", {"argv": ()}, keys=tuple(keys))
+        replies = yield fan_out("lease_get", tuple(keys), ())
         records = [r for r in (_from_get(namespace, reply) for reply in replies) if r]
         return sorted(records, key=lambda record: record.name)
 
     def lease_prune(
         self, namespace: str, older_than_us: int, dry_run: bool
     ) -> Operation[list[str]]:
-        keys = yield Statement("scan", {"match": _namespace_pattern(namespace)})
+        keys = yield KeyScan(_namespace_pattern(namespace))
         keys = [key for key in keys if _is_lease_key(key)]
-        replies = yield Statement(
-            "lease_prune[]", {"argv": (older_than_us, 1 if dry_run else 0)}, keys=tuple(keys)
-        )
+        replies = yield fan_out("lease_prune", tuple(keys), (older_than_us, 1 if dry_run else 0))
         return sorted(_text(reply) for reply in replies if reply)
 
 
 class _RedisLedger:
     """The run ledger as script invocations (docs/design/ledger.md).
 
-    A claim batch is one :class:`Statement` whose ``batch`` holds the keys and arguments
-    of each script call: the runner sends them in one pipeline. ``cluster``: split a batch
-    into one call per job, so that no call spans two hash slots.
+    A claim batch is one :class:`~fleetcron.stores.statements.ScriptCalls`: the runner sends
+    its calls in one pipeline. ``cluster``: split a batch into one call per job, so that no
+    call spans two hash slots.
     """
 
     cluster: bool = False
 
     def store_now(self) -> Operation[int]:
-        reply = yield Statement("store_now", {"argv": ()})
+        reply = yield Script("store_now")
         return int(_text(reply))
 
     def run_claim(
@@ -724,10 +720,10 @@ class _RedisLedger:
         if not claims:
             return []
         groups = self._claim_groups(claims)
-        batch = tuple(
-            {
-                "keys": tuple(key for i in group for key in _claim_keys(namespace, claims[i])),
-                "argv": (
+        calls = tuple(
+            (
+                tuple(key for i in group for key in _claim_keys(namespace, claims[i])),
+                (
                     holder,
                     ttl_us,
                     namespace,
@@ -735,10 +731,10 @@ class _RedisLedger:
                     MISSED_ERROR,
                     *(arg for i in group for arg in _claim_args(claims[i])),
                 ),
-            }
+            )
             for group in groups
         )
-        replies = yield Statement("run_claim", batch=batch)
+        replies = yield ScriptCalls("run_claim", calls)
         by_index: dict[int, Any] = {}
         for group, reply in zip(groups, replies, strict=True):
             by_index.update(zip(group, reply, strict=True))
@@ -758,8 +754,8 @@ class _RedisLedger:
 
     def _claim_groups(self, claims: Sequence[SlotClaim]) -> list[list[int]]:
         """The claims (by index) each script call decides: all of them on one server (one
-        TIME, one atomic step, as the spec asks); on a Cluster, one call per job (its keys
-        share the job lease's hash tag), all calls still in one pipeline."""
+        TIME, one atomic step); on a Cluster, one call per job (its keys share the job
+        lease's hash tag), all calls still in one pipeline, each with its own TIME."""
         if not self.cluster:
             return [list(range(len(claims)))]
         groups: dict[str, list[int]] = {}
@@ -770,10 +766,10 @@ class _RedisLedger:
     def run_extend(
         self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int
     ) -> Operation[RunRecord | None]:
-        reply = yield Statement(
+        reply = yield Script(
             "run_extend",
-            {"argv": (fence, ttl_us)},
-            keys=(lease_key(namespace, job_lease_name(job)), run_key(namespace, job, slot_us)),
+            (lease_key(namespace, job_lease_name(job)), run_key(namespace, job, slot_us)),
+            (fence, ttl_us),
         )
         return _run(namespace, reply) if reply else None
 
@@ -781,23 +777,21 @@ class _RedisLedger:
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
     ) -> Operation[bool]:
         output = outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output
-        reply = yield Statement(
+        reply = yield Script(
             "run_finish",
-            {
-                "argv": (
-                    fence,
-                    outcome.state,
-                    _opt(outcome.exit_code),
-                    _opt(outcome.error),
-                    _opt(output),
-                    _opt(outcome.retry_after_us),
-                    job,
-                )
-            },
-            keys=(
+            (
                 lease_key(namespace, job_lease_name(job)),
                 job_key(namespace, job),
                 run_key(namespace, job, slot_us),
+            ),
+            (
+                fence,
+                outcome.state,
+                _opt(outcome.exit_code),
+                _opt(outcome.error),
+                _opt(output),
+                _opt(outcome.retry_after_us),
+                job,
             ),
         )
         return bool(reply)
@@ -805,19 +799,19 @@ class _RedisLedger:
     def run_record(
         self, namespace: str, job: str, slot_us: int, state: str, error: str | None, trigger: str
     ) -> Operation[bool]:
-        reply = yield Statement(
+        reply = yield Script(
             "run_record",
-            {"argv": (slot_us, state, _opt(error), trigger, job)},
-            keys=(
+            (
                 job_key(namespace, job),
                 run_key(namespace, job, slot_us),
                 slots_key(namespace, job),
             ),
+            (slot_us, state, _opt(error), trigger, job),
         )
         return bool(reply)
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
-        reply = yield Statement("run_cancel", {"argv": ()}, keys=(slots_key(namespace, job),))
+        reply = yield Script("run_cancel", (slots_key(namespace, job),), ())
         return int(reply)
 
     def run_settled(
@@ -827,25 +821,21 @@ class _RedisLedger:
             return set()
         # One call per run key (any hash slot), all in one pipeline.
         keys = tuple(run_key(namespace, job, slot) for job, slot in slots)
-        replies = yield Statement("run_settled[]", {"argv": ()}, keys=keys)
+        replies = yield fan_out("run_settled", keys, ())
         return {pair for pair, reply in zip(slots, replies, strict=True) if int(reply)}
 
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
-        reply = yield Statement("run_get", {"argv": ()}, keys=(run_key(namespace, job, slot_us),))
+        reply = yield Script("run_get", (run_key(namespace, job, slot_us),), ())
         return _run(namespace, reply) if reply else None
 
     def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
         if limit <= 0:
             return []
         if job is not None:
-            reply = yield Statement(
-                "run_list", {"argv": (limit,)}, keys=(slots_key(namespace, job),)
-            )
+            reply = yield Script("run_list", (slots_key(namespace, job),), (limit,))
             return [_run(namespace, row) for row in reply]
-        keys = yield Statement("scan", {"match": _jobs_pattern(namespace)})
-        replies = yield Statement(
-            "run_list[]", {"argv": (limit,)}, keys=tuple(_slots_of(key) for key in keys)
-        )
+        keys = yield KeyScan(_jobs_pattern(namespace))
+        replies = yield fan_out("run_list", tuple(_slots_of(key) for key in keys), (limit,))
         rows = [_run(namespace, row) for reply in replies for row in reply]
         rows.sort(key=lambda run: (-run.slot_us, run.job))
         return rows[:limit]
@@ -856,21 +846,19 @@ class _RedisLedger:
         if limit <= 0 or (jobs is not None and not jobs):
             return []
         if jobs is None:
-            found = yield Statement("scan", {"match": _jobs_pattern(namespace)})
+            found = yield KeyScan(_jobs_pattern(namespace))
             slot_keys = tuple(_slots_of(key) for key in found)
         else:  # the named jobs' slot indexes: no scan
             slot_keys = tuple(slots_key(namespace, job) for job in jobs)
-        replies = yield Statement("run_due[]", {"argv": (limit,)}, keys=slot_keys)
+        replies = yield fan_out("run_due", slot_keys, (limit,))
         rows = [_run(namespace, row) for reply in replies for row in reply]
         rows.sort(key=lambda run: (run.slot_us, run.job))
         return rows[:limit]
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
-        keys = yield Statement("scan", {"match": _jobs_pattern(namespace)})
-        replies = yield Statement(
-            "run_prune[]",
-            {"argv": (max(keep, 0), older_than_us)},
-            keys=tuple(_slots_of(key) for key in keys),
+        keys = yield KeyScan(_jobs_pattern(namespace))
+        replies = yield fan_out(
+            "run_prune", tuple(_slots_of(key) for key in keys), (max(keep, 0), older_than_us)
         )
         return sum(int(reply) for reply in replies)
 
@@ -880,26 +868,24 @@ class _RedisLedger:
         if not jobs:
             return []
         # One script call per job (each on its own key), all in one pipeline.
-        batch = tuple(
-            {"keys": (job_key(namespace, job),), "argv": (job, definition, fingerprint)}
+        calls = tuple(
+            ((job_key(namespace, job),), (job, definition, fingerprint))
             for job, definition, fingerprint in jobs
         )
-        replies = yield Statement("job_register", batch=batch)
+        replies = yield ScriptCalls("job_register", calls)
         return [_job(namespace, reply) if reply else None for reply in replies]
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
-        reply = yield Statement(
-            "job_set_paused", {"argv": (1 if paused else 0,)}, keys=(job_key(namespace, job),)
-        )
+        reply = yield Script("job_set_paused", (job_key(namespace, job),), (1 if paused else 0,))
         return bool(reply)
 
     def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
-        reply = yield Statement("job_get", {"argv": ()}, keys=(job_key(namespace, job),))
+        reply = yield Script("job_get", (job_key(namespace, job),), ())
         return _job(namespace, reply) if reply else None
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
-        keys = yield Statement("scan", {"match": _jobs_pattern(namespace)})
-        replies = yield Statement("job_get[]", {"argv": ()}, keys=tuple(keys))
+        keys = yield KeyScan(_jobs_pattern(namespace))
+        replies = yield fan_out("job_get", tuple(keys), ())
         jobs = [_job(namespace, reply) for reply in replies if reply]
         return sorted(jobs, key=lambda row: row.job)
 
@@ -920,7 +906,7 @@ def _claim_keys(namespace: str, claim: SlotClaim) -> tuple[str, str, str, str]:
     )
 
 
-def _claim_args(claim: SlotClaim) -> tuple[object, ...]:
+def _claim_args(claim: SlotClaim) -> tuple[ScriptArg, ...]:
     return (
         claim.slot_us,
         claim.run_id,
@@ -949,26 +935,11 @@ def translate(exc: BaseException) -> FleetcronError | None:
     return None
 
 
-Call = tuple[list[Any], list[Any]]
+Call = tuple[tuple[str, ...], tuple[ScriptArg, ...]]
 
 
-def _pipelined_calls(statement: Statement) -> list[Call] | None:
-    """The script calls of a pipelined statement (``None``: a single call).
-
-    ``batch`` set: one call per entry with its own ``keys`` and ``argv``. A name ending in
-    ``[]``: one call per key, all with the same ``argv``.
-    """
-    if statement.batch is not None:
-        return [(_seq(call["keys"]), _seq(call["argv"])) for call in statement.batch]
-    if statement.name.endswith("[]"):
-        argv = _seq(statement.params.get("argv", ()))
-        return [([key], argv) for key in statement.keys]
-    return None
-
-
-def _seq(value: object) -> list[Any]:
-    assert isinstance(value, tuple | list), value
-    return list(value)
+def _not_redis(statement: Statement) -> TypeError:
+    return TypeError(f"the Redis store cannot run {statement!r}")
 
 
 def _collect(pending: list[int], replies: list[Any], results: list[Any]) -> list[int]:
@@ -1022,7 +993,7 @@ class RedisStore:
         self.ops = RedisOperations()
         self._lock = threading.Lock()
         self._client: redis.Redis = redis.Redis.from_url(url.raw, **_client_kwargs(url))
-        self._scripts: dict[str, Script] = {
+        self._scripts: dict[str, RedisScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
         try:
@@ -1044,15 +1015,17 @@ class RedisStore:
         return _text(value) if value is not None else None
 
     def _execute(self, statement: Statement) -> Any:
-        if statement.name == "scan":
-            return [_text(k) for k in self._client.scan_iter(match=str(statement.params["match"]))]
-        calls = _pipelined_calls(statement)
-        if calls is not None:
-            return self._pipeline(self._scripts[statement.name.removesuffix("[]")], calls)
-        argv = _seq(statement.params.get("argv", ()))
-        return self._scripts[statement.name](keys=list(statement.keys), args=argv)
+        match statement:
+            case KeyScan(pattern):
+                return [_text(k) for k in self._client.scan_iter(match=pattern)]
+            case ScriptCalls(name, calls):
+                return self._pipeline(self._scripts[name], list(calls))
+            case Script(name, keys, args):
+                return self._scripts[name](keys=list(keys), args=list(args))
+            case _:
+                raise _not_redis(statement)
 
-    def _pipeline(self, script: Script, calls: list[Call]) -> list[Any]:
+    def _pipeline(self, script: RedisScript, calls: list[Call]) -> list[Any]:
         """Run every call of ``script`` in one pipeline: one round trip (``EVALSHA``; the
         script is loaded and the refused calls re-sent only after a script cache flush)."""
         results: list[Any] = [None] * len(calls)
@@ -1115,15 +1088,15 @@ class AsyncRedisStore:
 
     async def _execute(self, statement: Statement) -> Any:
         try:
-            if statement.name == "scan":
-                match = str(statement.params["match"])
-                return [_text(k) async for k in self._client.scan_iter(match=match)]
-            calls = _pipelined_calls(statement)
-            if calls is not None:
-                name = statement.name.removesuffix("[]")
-                return await self._pipeline(self._scripts[name], calls)
-            argv = _seq(statement.params.get("argv", ()))
-            return await self._scripts[statement.name](keys=list(statement.keys), args=argv)
+            match statement:
+                case KeyScan(pattern):
+                    return [_text(k) async for k in self._client.scan_iter(match=pattern)]
+                case ScriptCalls(name, calls):
+                    return await self._pipeline(self._scripts[name], list(calls))
+                case Script(name, keys, args):
+                    return await self._scripts[name](keys=list(keys), args=list(args))
+                case _:
+                    raise _not_redis(statement)
         except redis.exceptions.RedisError as exc:
             error = translate(exc)
             assert error is not None

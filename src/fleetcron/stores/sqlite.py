@@ -143,7 +143,9 @@ class SqliteStore(SqlSyncStore):
         self.path = check_sqlite_path(url.path, create_parent=create_parent)
         self._in_operation = False
         super().__init__(url, auto_migrate=auto_migrate)
-        self.ops = SqliteOperations()
+
+    def _operations(self) -> SqliteOperations:
+        return SqliteOperations()
 
     def _connect(self) -> Any:
         conn = sqlite3.connect(

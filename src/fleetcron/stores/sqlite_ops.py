@@ -20,7 +20,6 @@ from fleetcron.models import (
 from fleetcron.stores.base import (
     Operation,
     SqlResult,
-    Statement,
     rows_to_jobs,
     rows_to_records,
     rows_to_runs,
@@ -33,6 +32,7 @@ from fleetcron.stores.ledger import (
     recorded_run,
 )
 from fleetcron.stores.sqlops import SqlLedger, SqlOperations
+from fleetcron.stores.statements import Query
 
 __all__ = ["SqliteOperations"]
 
@@ -42,47 +42,45 @@ class SqliteOperations(SqlOperations, SqlLedger):
 
     # -- reading and writing rows (inside the operation's transaction) ---------------
     def _now(self) -> Operation[int]:
-        result: SqlResult = yield Statement("store_now")
+        result: SqlResult = yield Query("store_now")
         return int(result.rows[0][0])
 
     def _run(self, namespace: str, job: str, slot_us: int, now: int) -> Operation[RunRecord | None]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "run_row", {"namespace": namespace, "job": job, "slot_us": slot_us, "now": now}
         )
         runs = rows_to_runs(namespace, result.rows)
         return runs[0] if runs else None
 
     def _lease(self, namespace: str, name: str, now: int) -> Operation[LeaseRecord | None]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "lease_row", {"namespace": namespace, "name": name, "now": now}
         )
         leases = rows_to_records(namespace, result.rows)
         return leases[0] if leases else None
 
     def _job(self, namespace: str, job: str, now: int) -> Operation[JobRecord | None]:
-        result: SqlResult = yield Statement(
-            "job_row", {"namespace": namespace, "job": job, "now": now}
-        )
+        result: SqlResult = yield Query("job_row", {"namespace": namespace, "job": job, "now": now})
         jobs = rows_to_jobs(namespace, result.rows)
         return jobs[0] if jobs else None
 
     @staticmethod
-    def _put_run(run: RunRecord) -> Statement:
+    def _put_run(run: RunRecord) -> Query:
         row = asdict(run)
         del row["now_us"]
-        return Statement("run_put", row)
+        return Query("run_put", row)
 
     @staticmethod
-    def _put_lease(lease: LeaseRecord) -> Statement:
+    def _put_lease(lease: LeaseRecord) -> Query:
         row = asdict(lease)
         del row["now_us"]
-        return Statement("lease_put", row)
+        return Query("lease_put", row)
 
     @staticmethod
-    def _put_job(job: JobRecord) -> Statement:
+    def _put_job(job: JobRecord) -> Query:
         row = asdict(job)
         del row["now_us"]
-        return Statement("job_put", row)
+        return Query("job_put", row)
 
     def _raise_high_water(
         self, namespace: str, job: str, slot_us: int, now: int
@@ -197,11 +195,11 @@ class SqliteOperations(SqlOperations, SqlLedger):
         return True
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
-        result: SqlResult = yield Statement("run_cancel", {"namespace": namespace, "job": job})
+        result: SqlResult = yield Query("run_cancel", {"namespace": namespace, "job": job})
         return len(result.rows)
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "run_prune", {"namespace": namespace, "keep": keep, "older_than_us": older_than_us}
         )
         return len(result.rows)

@@ -25,13 +25,13 @@ from fleetcron.models import (
 from fleetcron.stores.base import (
     Operation,
     SqlResult,
-    Statement,
     acquired_record,
     rows_to_jobs,
     rows_to_records,
     rows_to_runs,
 )
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.statements import Query, QueryBatch
 
 __all__ = [
     "Migration",
@@ -130,10 +130,10 @@ class SqlOperations:
             "ttl_us": ttl_us,
             "least_us": least_us,
         }
-        result: SqlResult = yield Statement("lease_acquire", params)
+        result: SqlResult = yield Query("lease_acquire", params)
         if not result.rows and self.creates_rows:
-            yield Statement("lease_create", {"namespace": namespace, "name": name})
-            result = yield Statement("lease_acquire", params)
+            yield Query("lease_create", {"namespace": namespace, "name": name})
+            result = yield Query("lease_acquire", params)
         # Taken only if the statement changed the row (MySQL reads the row back whoever
         # holds it; a matched count of 0 means it was held). The row is (fence, store now);
         # the rest follows from the terms, so nothing more crosses the wire.
@@ -145,7 +145,7 @@ class SqlOperations:
     def lease_extend(
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
     ) -> Operation[LeaseRecord | None]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "lease_extend",
             {
                 "namespace": namespace,
@@ -162,28 +162,26 @@ class SqlOperations:
         return records[0] if records and result.rowcount != 0 else None
 
     def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "lease_release",
             {"namespace": namespace, "name": name, "holder": holder, "fence": fence},
         )
         return bool(result.rows) or result.rowcount > 0
 
     def lease_get(self, namespace: str, name: str) -> Operation[LeaseRecord | None]:
-        result: SqlResult = yield Statement("lease_get", {"namespace": namespace, "name": name})
+        result: SqlResult = yield Query("lease_get", {"namespace": namespace, "name": name})
         records = rows_to_records(namespace, result.rows)
         return records[0] if records else None
 
     def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
-        result: SqlResult = yield Statement("lease_list", {"namespace": namespace})
+        result: SqlResult = yield Query("lease_list", {"namespace": namespace})
         return rows_to_records(namespace, result.rows)
 
     def lease_prune(
         self, namespace: str, older_than_us: int, dry_run: bool
     ) -> Operation[list[str]]:
         params = {"namespace": namespace, "older_than_us": older_than_us}
-        result: SqlResult = yield Statement(
-            "lease_prune_preview" if dry_run else "lease_prune", params
-        )
+        result: SqlResult = yield Query("lease_prune_preview" if dry_run else "lease_prune", params)
         return sorted(_decode(row[0]) for row in result.rows)
 
 
@@ -221,7 +219,7 @@ class SqlLedger:
     """
 
     def store_now(self) -> Operation[int]:
-        result: SqlResult = yield Statement("store_now")
+        result: SqlResult = yield Query("store_now")
         return int(result.rows[0][0])
 
     def run_claim(
@@ -230,7 +228,7 @@ class SqlLedger:
         if not claims:
             return []
         batch = tuple(claim_params(namespace, claim, holder, ttl_us) for claim in claims)
-        results: list[SqlResult] = yield Statement("run_claim", batch=batch)
+        results: list[SqlResult] = yield QueryBatch("run_claim", batch)
         answers: list[ClaimResult] = []
         # Each claim answers exactly one row: (status, run columns… or NULLs).
         for claim, result in zip(claims, results, strict=True):
@@ -245,7 +243,7 @@ class SqlLedger:
     def run_extend(
         self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int
     ) -> Operation[RunRecord | None]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "run_extend",
             {
                 "namespace": namespace,
@@ -262,7 +260,7 @@ class SqlLedger:
     def run_finish(
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
     ) -> Operation[bool]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "run_finish",
             {
                 "namespace": namespace,
@@ -288,7 +286,7 @@ class SqlLedger:
         error: str | None,
         trigger: str,
     ) -> Operation[bool]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "run_record",
             {
                 "namespace": namespace,
@@ -302,7 +300,7 @@ class SqlLedger:
         return bool(result.rows and result.rows[0][0])
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
-        result: SqlResult = yield Statement("run_cancel", {"namespace": namespace, "job": job})
+        result: SqlResult = yield Query("run_cancel", {"namespace": namespace, "job": job})
         return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
 
     def run_due(
@@ -310,7 +308,7 @@ class SqlLedger:
     ) -> Operation[list[RunRecord]]:
         if jobs is not None and not jobs:
             return []
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "run_due",
             {
                 "namespace": namespace,
@@ -327,11 +325,11 @@ class SqlLedger:
             return set()
         # One JSON array of [job, slot_us] pairs: every dialect unpacks it server-side.
         pairs = json.dumps([[job, slot] for job, slot in slots])
-        result: SqlResult = yield Statement("run_settled", {"namespace": namespace, "pairs": pairs})
+        result: SqlResult = yield Query("run_settled", {"namespace": namespace, "pairs": pairs})
         return {(_decode(row[0]), int(row[1])) for row in result.rows}
 
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "run_get", {"namespace": namespace, "job": job, "slot_us": slot_us}
         )
         runs = rows_to_runs(namespace, result.rows)
@@ -339,17 +337,15 @@ class SqlLedger:
 
     def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
         if job is None:
-            result: SqlResult = yield Statement(
-                "run_list", {"namespace": namespace, "limit": limit}
-            )
+            result: SqlResult = yield Query("run_list", {"namespace": namespace, "limit": limit})
         else:
-            result = yield Statement(
+            result = yield Query(
                 "run_list_job", {"namespace": namespace, "job": job, "limit": limit}
             )
         return rows_to_runs(namespace, result.rows)
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "run_prune", {"namespace": namespace, "keep": keep, "older_than_us": older_than_us}
         )
         return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
@@ -363,7 +359,7 @@ class SqlLedger:
             {"namespace": namespace, "job": job, "definition": definition, "fingerprint": fp}
             for job, definition, fp in jobs
         )
-        results: list[SqlResult] = yield Statement("job_register", batch=batch)
+        results: list[SqlResult] = yield QueryBatch("job_register", batch)
         befores: list[JobRecord | None] = []
         for result in results:
             rows = rows_to_jobs(namespace, result.rows)
@@ -371,16 +367,16 @@ class SqlLedger:
         return befores
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
-        result: SqlResult = yield Statement(
+        result: SqlResult = yield Query(
             "job_set_paused", {"namespace": namespace, "job": job, "paused": paused}
         )
         return bool(result.rows) or result.rowcount > 0
 
     def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
-        result: SqlResult = yield Statement("job_get", {"namespace": namespace, "job": job})
+        result: SqlResult = yield Query("job_get", {"namespace": namespace, "job": job})
         jobs = rows_to_jobs(namespace, result.rows)
         return jobs[0] if jobs else None
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
-        result: SqlResult = yield Statement("job_list", {"namespace": namespace})
+        result: SqlResult = yield Query("job_list", {"namespace": namespace})
         return rows_to_jobs(namespace, result.rows)

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
-from fleetcron.stores.base import Capability, Operation, SqlResult, Statement, drive
-from fleetcron.stores.sqlops import Migration, SqlOperations, load_migrations, load_queries
+from fleetcron.stores.base import Capability, Operation, Operations, SqlResult, Statement, drive
+from fleetcron.stores.sqlops import Migration, load_migrations, load_queries
+from fleetcron.stores.statements import Query, QueryBatch
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["SqlSyncStore"]
@@ -32,7 +33,7 @@ class SqlSyncStore(ABC):
     def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
         self.url = url.redacted
         self._url = url
-        self.ops = SqlOperations()
+        self.ops: Operations = self._operations()
         self.queries = load_queries(self.dialect)
         self.migrations: list[Migration] = load_migrations(self.dialect)
         self._lock = threading.RLock()
@@ -43,6 +44,10 @@ class SqlSyncStore(ABC):
             self.ensure_schema()
 
     # -- what a dialect supplies -------------------------------------------------------
+    @abstractmethod
+    def _operations(self) -> Operations:
+        """The dialect's operations (leases and the run ledger)."""
+
     @abstractmethod
     def _connect(self) -> Any:
         """Open a new connection (autocommit, READ COMMITTED, UTC)."""
@@ -85,7 +90,7 @@ class SqlSyncStore(ABC):
     def _execute_batch(
         self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
     ) -> list[SqlResult]:
-        """Execute ``sql`` once per parameter set, one result each (``Statement.batch``).
+        """Execute ``sql`` once per parameter set, one result each (a ``QueryBatch``).
         This default loops; a dialect overrides it to send them all in one round trip."""
         return [self._execute(conn, sql, params) for params in batch]
 
@@ -114,11 +119,14 @@ class SqlSyncStore(ABC):
                 raise
 
     def _statement(self, statement: Statement) -> SqlResult | list[SqlResult]:
-        sql = self.queries[statement.name]
-        batch = statement.batch
-        if batch is not None:
-            return self._guarded(lambda conn: self._execute_batch(conn, sql, batch))
-        return self.execute_text(sql, statement.params)
+        match statement:
+            case Query(name, params):
+                return self.execute_text(self.queries[name], params)
+            case QueryBatch(name, batch):
+                sql = self.queries[name]
+                return self._guarded(lambda conn: self._execute_batch(conn, sql, batch))
+            case _:
+                raise TypeError(f"a SQL store cannot run {statement!r}")
 
     def run(self, operation: Operation[T]) -> T:
         """Carry out ``operation`` (one lock hold, so its statements are not interleaved)."""
