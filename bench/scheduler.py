@@ -9,7 +9,7 @@ Run from the project root::
 
 Method: the parent picks a fresh namespace and starts R replicas, each a separate process
 running this script with ``--replica``. A replica opens its own async store and runs
-``Scheduler(store, jobs, SchedulerOptions(namespace=ns, concurrency=C, echo=False))`` over
+``AsyncScheduler(store, jobs, SchedulerOptions(namespace=ns, concurrency=C, echo=False))`` over
 the same N jobs (``every`` = ``--every``, ``call`` = :func:`noop`, a module-level function
 that only notes which slot it ran). Once every replica has registered its jobs the parent
 reads the store's clock (window start), waits ``--duration`` seconds, reads it again
@@ -104,7 +104,7 @@ def job_name(i: int) -> str:
 async def replica_main(args: argparse.Namespace) -> None:
     from fleetcron.durations import parse_duration
     from fleetcron.jobsfile import job_spec
-    from fleetcron.scheduler import Scheduler, SchedulerOptions
+    from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
     from fleetcron.stores import open_async_store, parse_store_url
 
     jobs = [
@@ -120,7 +120,7 @@ async def replica_main(args: argparse.Namespace) -> None:
     ]
     store = await open_async_store(parse_store_url(args.url))
     counting = CountingStore(store)
-    scheduler = Scheduler(
+    scheduler = AsyncScheduler(
         counting,  # type: ignore[arg-type]
         jobs,
         SchedulerOptions(

@@ -20,11 +20,14 @@ from fleetcron.errors import (
 )
 from fleetcron.fleet import AsyncFleet, Fleet
 from fleetcron.lease import AsyncLease, Lease
-from fleetcron.models import LeaseRecord
+from fleetcron.models import LeaseRecord, RunRecord
+from fleetcron.scheduler import AsyncScheduler
+from fleetcron.sync import Scheduler
 
 __all__ = [
     "AsyncFleet",
     "AsyncLease",
+    "AsyncScheduler",
     "Clock",
     "ConfigurationError",
     "Fleet",
@@ -36,6 +39,8 @@ __all__ = [
     "LockError",
     "RunCancelled",
     "RunContext",
+    "RunRecord",
+    "Scheduler",
     "SchemaError",
     "StoreError",
     "StoreUnavailable",

@@ -13,24 +13,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import logging
-import os
-import random
-import signal
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
-from fleetcron._log import log
 from fleetcron.clock import SYSTEM_CLOCK, Clock
-from fleetcron.durations import DurationLike, to_micros
+from fleetcron.durations import DurationLike
 from fleetcron.errors import ConfigurationError, LockBusy
-from fleetcron.jobsfile import JobSpec, job_spec
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms, new_holder
-from fleetcron.models import LeaseRecord
-from fleetcron.names import validate_name, validate_namespace
-from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.models import LeaseRecord, RunRecord
+from fleetcron.names import validate_name
+from fleetcron.registry import JobRegistry
+from fleetcron.scheduler import AsyncScheduler
 from fleetcron.stores import (
     AsyncStore,
     StoreURL,
@@ -41,119 +35,29 @@ from fleetcron.stores import (
 )
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.stores.threaded import ThreadedAsyncStore
+from fleetcron.sync import Scheduler
+from fleetcron.terms import (
+    DEFAULT_LOCK_AT_MOST,
+    backoff_s,
+    cached_terms,
+    lease_terms,
+    log_acquired,
+    log_skipped,
+    older_than_us,
+    resolve_namespace,
+    row_limit,
+    scheduler_options,
+    wait_micros,
+)
 
-__all__ = ["DEFAULT_LOCK_AT_MOST", "NAMESPACE_ENV", "AsyncFleet", "Fleet", "lease_terms"]
+__all__ = ["AsyncFleet", "Fleet"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
-NAMESPACE_ENV = "FLEETCRON_NAMESPACE"
-DEFAULT_LOCK_AT_MOST = "10m"
-_MIN_LOCK_AT_MOST_US = 100_000
 
-
-def resolve_namespace(explicit: str | None) -> str:
-    """Namespace: explicit > ``$FLEETCRON_NAMESPACE`` > ``default``."""
-    if explicit is not None:
-        return validate_namespace(explicit)  # an explicit empty namespace is an error
-    return validate_namespace(os.environ.get(NAMESPACE_ENV) or "default")
-
-
-def lease_terms(
-    namespace: str,
-    name: str,
-    *,
-    lock_at_most: DurationLike,
-    lock_at_least: DurationLike,
-    keepalive: bool,
-) -> LeaseTerms:
-    """Validate a lock request; every problem is a :class:`ConfigurationError`."""
-    most = to_micros(lock_at_most, what="lock_at_most")
-    least = to_micros(lock_at_least, what="lock_at_least")
-    if most <= 0:
-        raise ConfigurationError(f"lock_at_most must be positive, got {lock_at_most!r}")
-    if most < _MIN_LOCK_AT_MOST_US:
-        raise ConfigurationError(f"lock_at_most must be at least 100ms, got {lock_at_most!r}")
-    if least < 0:
-        raise ConfigurationError(f"lock_at_least must not be negative, got {lock_at_least!r}")
-    if least > most:
-        raise ConfigurationError(
-            f"lock_at_least ({lock_at_least}) is longer than lock_at_most ({lock_at_most})"
-        )
-    return LeaseTerms(
-        namespace=namespace,
-        name=validate_name(name),
-        lock_at_most_us=most,
-        lock_at_least_us=least,
-        keepalive=keepalive,
-    )
-
-
-_lease_terms_cached = functools.lru_cache(maxsize=1024)(lease_terms)
-
-
-def _cached_terms(
-    namespace: str,
-    name: str,
-    *,
-    lock_at_most: DurationLike,
-    lock_at_least: DurationLike,
-    keepalive: bool,
-) -> LeaseTerms:
-    """:func:`lease_terms`, memoised: a hot loop of ``try_lock`` parses nothing twice."""
-    try:
-        return _lease_terms_cached(
-            namespace,
-            name,
-            lock_at_most=lock_at_most,
-            lock_at_least=lock_at_least,
-            keepalive=keepalive,
-        )
-    except TypeError:  # an unhashable argument: let validation say what is wrong
-        return lease_terms(
-            namespace,
-            name,
-            lock_at_most=lock_at_most,
-            lock_at_least=lock_at_least,
-            keepalive=keepalive,
-        )
-
-
-def _wait_micros(wait: DurationLike | None) -> int:
-    if wait is None:
-        return 0
-    micros = to_micros(wait, what="wait")
-    if micros < 0:
-        raise ConfigurationError(f"wait must not be negative, got {wait!r}")
-    return micros
-
-
-def _backoff(attempt: int) -> float:
-    # 50 ms doubling to 1 s, jittered so waiters do not retry in lock step.
-    return min(1.0, 0.05 * 2.0**attempt) * random.uniform(0.5, 1.0)
-
-
-def _log_skipped(terms: LeaseTerms) -> None:
-    log.info(
-        "lock %s is held elsewhere; skipped",
-        terms.name,
-        extra={"action": "lock_skipped", "lock": terms.name, "namespace": terms.namespace},
-    )
-
-
-def _log_acquired(lease: Lease | AsyncLease) -> None:
-    if not log.isEnabledFor(logging.INFO):
-        return
-    log.info(
-        "acquired %s (fence %d)",
-        lease.name,
-        lease.fence,
-        extra={"action": "lock_acquired", "lock": lease.name, "fence": lease.fence},
-    )
-
-
-class Fleet:
+class Fleet(JobRegistry):
     """A store and a namespace; hands out leases with fencing tokens (sync API).
 
     ``backend`` is a URL (``sqlite:///…``, ``postgresql://…``, ``mysql://…``,
@@ -179,56 +83,10 @@ class Fleet:
         else:
             self.store = backend
             self._owns_store = False
-        self._jobs: list[JobSpec] = []
-        self._thread: threading.Thread | None = None
-        self._scheduler: Scheduler | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._scheduler_ready = threading.Event()
-        self._scheduler_error: BaseException | None = None
+        JobRegistry.__init__(self)
+        self._background: Scheduler | None = None
 
     # -- the scheduler -------------------------------------------------------------------
-    @property
-    def jobs(self) -> tuple[JobSpec, ...]:
-        """The jobs registered with :meth:`job` or :meth:`add_job`."""
-        return tuple(self._jobs)
-
-    def add_job(self, spec: JobSpec) -> None:
-        """Register a job definition (e.g. from a jobs file); names must be unique."""
-        if any(existing.name == spec.name for existing in self._jobs):
-            raise ConfigurationError(f"Fleet.job: job {spec.name!r} is defined twice")
-        self._jobs.append(spec)
-
-    def job(self, name: str | None = None, **options: Any) -> Callable[[F], F]:
-        """Decorator: schedule the function as a job (keys as in the jobs file).
-
-        ``@fleet.job(schedule="*/5 * * * *", timezone="Europe/Berlin", lock_at_most="20m")``;
-        the function takes a :class:`~fleetcron.RunContext`; ``async def`` works too.
-        """
-
-        if callable(name):
-            raise ConfigurationError(
-                "Fleet.job needs its options: write @fleet.job(every=...) or "
-                "@fleet.job(schedule=...), not a bare @fleet.job"
-            )
-        reserved = sorted({"call", "command", "where"} & options.keys())
-        if reserved:
-            raise ConfigurationError(
-                f"Fleet.job: {', '.join(reserved)} cannot be given: the decorated function "
-                "is the job's call"
-            )
-
-        def decorate(func: F) -> F:
-            reference = getattr(func, "__name__", None)
-            if name is None and not isinstance(reference, str):
-                raise ConfigurationError(
-                    f"Fleet.job: {func!r} has no __name__; give the job a name"
-                )
-            job_name = name or str(reference).replace("_", "-")
-            self.add_job(job_spec(job_name, where="Fleet.job", call=func, **options))
-            return func
-
-        return decorate
-
     def _async_store(self) -> Awaitable[AsyncStore]:
         async def opened() -> AsyncStore:
             if self._url is not None:
@@ -239,74 +97,44 @@ class Fleet:
 
         return opened()
 
-    async def _serve(self, options: SchedulerOptions, stop_on_signals: bool) -> None:
-        store = await self._async_store()
-        try:
-            scheduler = Scheduler(store, self._jobs, options, clock=self.clock)
-            self._scheduler = scheduler
-            self._loop = asyncio.get_running_loop()
-            if stop_on_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    self._loop.add_signal_handler(sig, scheduler.stop)
-            self._scheduler_ready.set()
-            await scheduler.run()
-        finally:
-            self._scheduler = None
-            if self._url is not None:
-                await store.close()
-
-    def _options(self, mode: str, concurrency: int) -> SchedulerOptions:
-        if not self._jobs:
-            raise ConfigurationError("no jobs: register some with @fleet.job(...) first")
-        return SchedulerOptions(
-            namespace=self.namespace,
-            mode=mode,
-            concurrency=concurrency,
-            backend_url=self._url.raw if self._url is not None else None,
+    def scheduler(self, *, mode: str = "claim", concurrency: int = 16, **options: Any) -> Scheduler:
+        """A scheduler of this fleet's jobs, not started: ``run()`` it (blocking) or
+        ``start()`` / ``stop()`` it in the background. ``options``: the other fields of
+        :class:`~fleetcron.scheduler.SchedulerOptions` (``shutdown_grace_s``, …)."""
+        return Scheduler(
+            self._async_store,
+            self.jobs,
+            scheduler_options(self.namespace, self._url, mode, concurrency, options),
+            clock=self.clock,
+            close_store=self._url is not None,
         )
 
     def run(self, *, mode: str = "claim", concurrency: int = 16) -> None:
         """Run the jobs in this thread until SIGTERM/SIGINT (the blocking daemon)."""
-        asyncio.run(self._serve(self._options(mode, concurrency), stop_on_signals=True))
+        self.scheduler(mode=mode, concurrency=concurrency).run()
 
     def start(self, *, mode: str = "claim", concurrency: int = 16) -> None:
-        """Run the jobs in a background thread; :meth:`stop` ends it."""
-        options = self._options(mode, concurrency)
-        if self._thread is not None:
+        """Run the jobs in the background; :meth:`stop` ends it."""
+        if self._background is not None:
             raise ConfigurationError("the scheduler is already running")
-        self._scheduler_ready.clear()
-
-        def target() -> None:
-            try:
-                asyncio.run(self._serve(options, stop_on_signals=False))
-            except BaseException as exc:  # surfaced by stop()
-                self._scheduler_error = exc
-                self._scheduler_ready.set()
-
-        self._thread = threading.Thread(target=target, name="fleetcron-scheduler", daemon=True)
-        self._thread.start()
-        self._scheduler_ready.wait(timeout=30)
-        if self._scheduler_error is not None:
-            error, self._scheduler_error, self._thread = self._scheduler_error, None, None
-            raise error
+        background = self.scheduler(mode=mode, concurrency=concurrency)
+        background.start()
+        self._background = background
 
     def stop(self, timeout: float | None = 60) -> None:
         """Stop the background scheduler: no new claims; running jobs finish (grace)."""
-        thread, scheduler, loop = self._thread, self._scheduler, self._loop
-        if thread is None:
-            return
-        if scheduler is not None and loop is not None:
-            loop.call_soon_threadsafe(scheduler.stop)
-        thread.join(timeout)
-        self._thread = None
-        if self._scheduler_error is not None:
-            error, self._scheduler_error = self._scheduler_error, None
-            raise error
+        background, self._background = self._background, None
+        if background is not None:
+            background.stop(timeout)
+
+    def runs(self, job: str | None = None, *, limit: int = 50) -> list[RunRecord]:
+        """Ledger rows of this namespace (of ``job`` only, when given), newest slot first."""
+        return self.store.run(self.store.ops.run_list(self.namespace, job, row_limit(limit)))
 
     def _terms(
         self, name: str, lock_at_most: DurationLike, lock_at_least: DurationLike, keepalive: bool
     ) -> LeaseTerms:
-        return _cached_terms(
+        return cached_terms(
             self.namespace,
             name,
             lock_at_most=lock_at_most,
@@ -330,7 +158,7 @@ class Fleet:
         lease = Lease(self.store, terms, record, sent_us=sent, clock=self.clock)
         if terms.keepalive:
             lease.start_keepalive()
-        _log_acquired(lease)
+        log_acquired(lease)
         return lease
 
     def try_lock(
@@ -348,7 +176,7 @@ class Fleet:
         Contention is never an error here; store failures raise ``StoreError``.
         """
         terms = self._terms(name, lock_at_most, lock_at_least, keepalive)
-        wait_us = _wait_micros(wait)
+        wait_us = wait_micros(wait)
         give_up = self.clock.monotonic_us() + wait_us
         attempt = 0
         while True:
@@ -357,9 +185,9 @@ class Fleet:
                 return lease
             left = give_up - self.clock.monotonic_us()
             if left <= 0:
-                _log_skipped(terms)
+                log_skipped(terms)
                 return None
-            time.sleep(min(_backoff(attempt), left / 1e6))
+            time.sleep(min(backoff_s(attempt), left / 1e6))
             attempt += 1
 
     def lock(
@@ -417,7 +245,7 @@ class Fleet:
                 async def run_async(*args: Any, **kwargs: Any) -> Any:
                     lease = await asyncio.to_thread(self._acquire, terms)
                     if lease is None:
-                        _log_skipped(terms)
+                        log_skipped(terms)
                         return None
                     task = asyncio.current_task()
                     loop = asyncio.get_running_loop()
@@ -443,7 +271,7 @@ class Fleet:
             def run(*args: Any, **kwargs: Any) -> Any:
                 lease = self._acquire(terms)
                 if lease is None:
-                    _log_skipped(terms)
+                    log_skipped(terms)
                     return None
                 with lease:
                     return func(*args, **kwargs)
@@ -462,9 +290,7 @@ class Fleet:
 
     def prune(self, older_than: DurationLike = "30d", *, dry_run: bool = False) -> list[str]:
         """Delete lease rows unused for ``older_than``; return their names."""
-        micros = to_micros(older_than, what="older_than")
-        if micros <= 0:
-            raise ConfigurationError(f"older_than must be positive, got {older_than!r}")
+        micros = older_than_us(older_than)
         return self.store.run(self.store.ops.lease_prune(self.namespace, micros, dry_run))
 
     def close(self) -> None:
@@ -480,16 +306,20 @@ class Fleet:
         self.close()
 
 
-class AsyncFleet:
+class AsyncFleet(JobRegistry):
     """The asyncio twin of :class:`Fleet`. Create with ``await AsyncFleet.connect(url)``."""
 
     def __init__(
         self, store: AsyncStore, *, namespace: str | None = None, clock: Clock = SYSTEM_CLOCK
     ) -> None:
+        JobRegistry.__init__(self)
         self.store = store
         self.namespace = resolve_namespace(namespace)
         self.clock = clock
         self._owns_store = False
+        self._url: StoreURL | None = None
+        self._background: asyncio.Task[None] | None = None
+        self._background_core: AsyncScheduler | None = None
 
     @classmethod
     async def connect(
@@ -501,10 +331,10 @@ class AsyncFleet:
     ) -> AsyncFleet:
         """Open the store behind ``backend`` (same resolution as :class:`Fleet`)."""
         namespace = resolve_namespace(namespace)
-        fleet = cls(
-            await open_async_store(resolve_backend(backend)), namespace=namespace, clock=clock
-        )
+        url = resolve_backend(backend)
+        fleet = cls(await open_async_store(url), namespace=namespace, clock=clock)
         fleet._owns_store = True
+        fleet._url = url
         return fleet
 
     async def _acquire(self, terms: LeaseTerms) -> AsyncLease | None:
@@ -523,7 +353,7 @@ class AsyncFleet:
         lease = AsyncLease(self.store, terms, record, sent_us=sent, clock=self.clock)
         if terms.keepalive:
             lease.start_keepalive()
-        _log_acquired(lease)
+        log_acquired(lease)
         return lease
 
     async def try_lock(
@@ -536,14 +366,14 @@ class AsyncFleet:
         wait: DurationLike | None = None,
     ) -> AsyncLease | None:
         """Async :meth:`Fleet.try_lock`."""
-        terms = _cached_terms(
+        terms = cached_terms(
             self.namespace,
             name,
             lock_at_most=lock_at_most,
             lock_at_least=lock_at_least,
             keepalive=keepalive,
         )
-        give_up = self.clock.monotonic_us() + _wait_micros(wait)
+        give_up = self.clock.monotonic_us() + wait_micros(wait)
         attempt = 0
         while True:
             lease = await self._acquire(terms)
@@ -551,9 +381,9 @@ class AsyncFleet:
                 return lease
             left = give_up - self.clock.monotonic_us()
             if left <= 0:
-                _log_skipped(terms)
+                log_skipped(terms)
                 return None
-            await asyncio.sleep(min(_backoff(attempt), left / 1e6))
+            await asyncio.sleep(min(backoff_s(attempt), left / 1e6))
             attempt += 1
 
     async def lock(
@@ -603,7 +433,7 @@ class AsyncFleet:
             async def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
                 lease = await self._acquire(terms)
                 if lease is None:
-                    _log_skipped(terms)
+                    log_skipped(terms)
                     return None
                 async with lease:
                     return await func(*args, **kwargs)
@@ -620,8 +450,67 @@ class AsyncFleet:
         """The lease row of ``name``."""
         return await self.store.run(self.store.ops.lease_get(self.namespace, validate_name(name)))
 
+    async def prune(self, older_than: DurationLike = "30d", *, dry_run: bool = False) -> list[str]:
+        """Async :meth:`Fleet.prune`."""
+        micros = older_than_us(older_than)
+        return await self.store.run(self.store.ops.lease_prune(self.namespace, micros, dry_run))
+
+    async def runs(self, job: str | None = None, *, limit: int = 50) -> list[RunRecord]:
+        """Async :meth:`Fleet.runs`."""
+        return await self.store.run(self.store.ops.run_list(self.namespace, job, row_limit(limit)))
+
+    # -- the scheduler -------------------------------------------------------------------
+    def scheduler(
+        self, *, mode: str = "claim", concurrency: int = 16, **options: Any
+    ) -> AsyncScheduler:
+        """A scheduler of this fleet's jobs over its store, not started:
+        ``await scheduler.run()`` runs it until ``scheduler.stop()``."""
+        if not self.jobs:
+            raise ConfigurationError("no jobs: register some with @fleet.job(...) first")
+        return AsyncScheduler(
+            self.store,
+            self.jobs,
+            scheduler_options(self.namespace, self._url, mode, concurrency, options),
+            clock=self.clock,
+        )
+
+    async def run(self, *, mode: str = "claim", concurrency: int = 16) -> None:
+        """Run the jobs until the task is cancelled (running jobs get their shutdown
+        grace, then the cancellation goes on)."""
+        core = self.scheduler(mode=mode, concurrency=concurrency)
+        serving = asyncio.ensure_future(core.run())
+        try:
+            await asyncio.shield(serving)
+        except asyncio.CancelledError:
+            core.stop()
+            await serving
+            raise
+
+    async def start(self, *, mode: str = "claim", concurrency: int = 16) -> None:
+        """Run the jobs in a background task; return once the scheduler has started."""
+        if self._background is not None:
+            raise ConfigurationError("the scheduler is already running")
+        core = self.scheduler(mode=mode, concurrency=concurrency)
+        task = asyncio.ensure_future(core.run())
+        started = asyncio.ensure_future(core.signals.started.wait())
+        await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
+        if task.done():
+            task.result()  # the error that stopped it at start
+        self._background, self._background_core = task, core
+
+    async def stop(self) -> None:
+        """Stop the background scheduler: no new claims; running jobs finish (grace)."""
+        task, core = self._background, self._background_core
+        self._background = self._background_core = None
+        if task is None or core is None:
+            return
+        core.stop()
+        await task
+
     async def close(self) -> None:
-        """Close the store if this fleet opened it."""
+        """Stop the scheduler if it runs; close the store if this fleet opened it."""
+        await self.stop()
         if self._owns_store:
             await self.store.close()
 

@@ -7,52 +7,45 @@ won is left alone; a slot refused because the job is still running follows the j
 ``overlap`` policy; slots missed while every replica was down follow ``catchup``. In
 leader mode only the holder of the leader lease runs the loop.
 
-Each run holds its slot like a lease (:class:`~fleetcron.slot_lease.AsyncSlotLease`, the
-rules of :mod:`fleetcron.keepalive`): renewed every ``lock_at_most / 3`` from the time the
-request was sent; a grace before its local deadline the run is asked to stop (SIGTERM to a
-process group, cancellation of Python code) and by the deadline a process group is killed,
-so nothing of it is alive once the store could grant the slot again. Its late completion is
-refused by its fence. A sync function that does not return when cancelled is abandoned,
-and this replica starts no other run of its job until it returns.
+This module is the loop and the claims; the rooms it ties together are in
+:mod:`fleetcron.scheduling`: planning (the due heap, catch-up), recovery (runs to claim
+again), supervision (running an attempt under its slot lease) and leadership (the elector).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import itertools
 import json
-import logging
 import random
-import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleetcron._log import log
 from fleetcron.clock import SYSTEM_CLOCK, Clock
-from fleetcron.context import RunContext
-from fleetcron.errors import ConfigurationError, FleetcronError, StoreError
-from fleetcron.executor import Cancellation, StopPolicy, execute
+from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobsfile import JobSpec
-from fleetcron.keepalive import effective_grace_us
-from fleetcron.lease import AsyncLease, LeaseTerms, new_holder
-from fleetcron.models import ClaimResult, JobRecord, RunOutcome, RunRecord, SlotClaim
-from fleetcron.schedules import jitter_us
-from fleetcron.slot_lease import AsyncSlotLease
+from fleetcron.lease import new_holder
+from fleetcron.models import ClaimResult, JobRecord, RunRecord, SlotClaim
+from fleetcron.scheduling.leadership import LEADER_LEASE, Elector
+from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT as _MISSED_RECORD_LIMIT
+from fleetcron.scheduling.planning import (
+    DueHeap,
+    PlannedJob,
+    claim_for,
+    deadline,
+    plan_slots,
+)
+from fleetcron.scheduling.recovery import RECOVERY_EVERY_S, Recovery
+from fleetcron.scheduling.supervision import ABANDONED_REASON, Supervisor, SupervisorOptions
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["LEADER_LEASE", "Scheduler", "SchedulerOptions"]
+__all__ = ["ABANDONED_REASON", "LEADER_LEASE", "AsyncScheduler", "SchedulerOptions"]
 
-LEADER_LEASE = "fleetcron:leader"
-_LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = skip)
-_RECOVERY_EVERY_S = 2.0
-_MISSED_RECORD_LIMIT = 1_000
-_DUE_LIMIT = 200  # ledger rows to claim again, per recovery poll
 _REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
-ABANDONED_REASON = "an abandoned run of this job still runs on this replica"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,22 +63,6 @@ class SchedulerOptions:
     backend_url: str | None = None
 
 
-@dataclass(eq=False)
-class _Job:
-    spec: JobSpec
-    cursor_us: int
-    buffered: int | None = None  # buffer_one / cancel_other: the newest waiting slot
-
-
-@dataclass(eq=False)
-class _Running:
-    spec: JobSpec
-    record: RunRecord
-    cancellation: Cancellation
-    task: asyncio.Task[None] | None = None
-    lease: AsyncSlotLease | None = None
-
-
 @dataclass
 class _Signals:
     """Events tests (and embedders) can wait on instead of sleeping."""
@@ -95,7 +72,7 @@ class _Signals:
     ticked: asyncio.Condition = field(default_factory=asyncio.Condition)
 
 
-class Scheduler:
+class AsyncScheduler:
     """One replica's scheduler over an :class:`~fleetcron.stores.base.AsyncStore`."""
 
     def __init__(
@@ -117,19 +94,36 @@ class Scheduler:
         self.clock = clock
         self.holder = new_holder()
         self.signals = _Signals()
-        self._jobs: dict[str, _Job] = {}
-        self._running: dict[tuple[str, int], _Running] = {}
+        self._jobs: dict[str, PlannedJob] = {}
         self._pending: deque[SlotClaim] = deque()
-        # Each job's next fire time (slot + jitter) in a heap: a tick looks at the due jobs
-        # only, so its cost follows the work due, not the number of jobs defined.
-        self._due: list[tuple[int, str]] = []
+        self._due = DueHeap()
         self._catching_up: set[tuple[str, int]] = set()
-        self._retries: dict[tuple[str, int], tuple[int, int]] = {}  # → (due µs, attempt)
-        # Jobs whose sync function was abandoned after its cancellation and still runs.
-        self._abandoned: dict[str, asyncio.Future[object]] = {}
         self._offset_us = 0
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
+        self.recovery = Recovery(store, options.namespace, self.specs)
+        self.supervisor = Supervisor(
+            store,
+            self.specs,
+            SupervisorOptions(
+                namespace=options.namespace,
+                kill_grace_s=options.kill_grace_s,
+                shutdown_grace_s=options.shutdown_grace_s,
+                backend_url=options.backend_url,
+                echo=options.echo,
+            ),
+            clock=clock,
+            recovery=self.recovery,
+            store_now=self._now,
+            on_done=self._wake.set,
+        )
+        self.elector = Elector(
+            store,
+            namespace=options.namespace,
+            holder=self.holder,
+            ttl_us=options.leader_ttl_us,
+            clock=clock,
+        )
         self._last_recovery = 0.0
         self._contended = False  # the last claims found slots other replicas had taken
 
@@ -141,7 +135,7 @@ class Scheduler:
     @property
     def running(self) -> list[RunRecord]:
         """Attempts in flight on this replica."""
-        return [entry.record for entry in self._running.values()]
+        return [entry.record for entry in self.supervisor.running.values()]
 
     async def run(self) -> None:
         """Run until :meth:`stop`; then drain and return."""
@@ -153,7 +147,7 @@ class Scheduler:
             else:
                 await self._loop(self._stop)
         finally:
-            await self._drain()
+            await self.supervisor.drain()
 
     # -- set-up --------------------------------------------------------------------------
     async def _sync_clock(self) -> int:
@@ -207,57 +201,30 @@ class Scheduler:
         # A job new to the fleet starts now; a known one resumes after its last slot,
         # so slots missed while every replica was down meet the catch-up policy.
         cursor = high_water if high_water is not None else store_now
-        self._jobs[spec.name] = _Job(spec=spec, cursor_us=cursor)
-        self._schedule_next(self._jobs[spec.name])
+        self._jobs[spec.name] = PlannedJob(spec=spec, cursor_us=cursor)
+        self._due.push(self._jobs[spec.name])
 
     # -- leader mode -----------------------------------------------------------------------
     async def _lead(self) -> None:
-        terms = LeaseTerms(
-            namespace=self.options.namespace,
-            name=LEADER_LEASE,
-            lock_at_most_us=self.options.leader_ttl_us,
-            lock_at_least_us=0,
-            keepalive=True,
-        )
         while not self._stop.is_set():
-            lease = await self._try_lead(terms)
-            if lease is None:
+            term = await self.elector.campaign()
+            if term is None:
                 await self._follow()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.options.leader_ttl_us / 3e6)
                 continue
-            log.info(
-                "leading %s (fence %d)",
-                self.options.namespace,
-                lease.fence,
-                extra={"action": "leader_elected", "fence": lease.fence},
-            )
             self.signals.leader.set()
-            stepped_down = asyncio.Event()
-            lease.on_lost(_setter(stepped_down))
-            lease.start_keepalive()
             until = asyncio.Event()
-            watcher = asyncio.create_task(_first_of(until, self._stop, stepped_down))
+            watcher = asyncio.create_task(_first_of(until, self._stop, term.lost))
             try:
                 await self._loop(until)
-                if stepped_down.is_set():
-                    log.error(
-                        "lost the leader lease; stepping down",
-                        extra={"action": "leader_lost", "fence": lease.fence},
-                    )
-                    self._cancel_all("leader lease lost")
-                    await self._wait_runs(self.options.kill_grace_s + 1)
+                if term.is_lost:
+                    self.supervisor.cancel_all("leader lease lost")
+                    await self.supervisor.wait_runs(self.options.kill_grace_s + 1)
             finally:
                 watcher.cancel()
                 self.signals.leader.clear()
-                try:
-                    await lease.release()  # also stops its keepalive
-                except FleetcronError as exc:
-                    log.warning(
-                        "releasing the leader lease failed (it expires by itself): %s",
-                        exc,
-                        extra={"action": "lock_release_failed", "lock": LEADER_LEASE},
-                    )
+                await self.elector.resign(term)
 
     async def _follow(self) -> None:
         """A standby keeps up with the leader's progress, so it takes over where the
@@ -275,21 +242,6 @@ class Scheduler:
             job = self._jobs.get(row.job)
             if job is not None and row.high_water_us is not None:
                 job.cursor_us = max(job.cursor_us, row.high_water_us)
-
-    async def _try_lead(self, terms: LeaseTerms) -> AsyncLease | None:
-        sent = self.clock.monotonic_us()
-        try:
-            record = await self.store.run(
-                self.store.ops.lease_acquire(
-                    terms.namespace, terms.name, self.holder + ":leader", terms.lock_at_most_us, 0
-                )
-            )
-        except StoreError as exc:
-            log.warning("leader election failed: %s", exc, extra={"action": "lock_failed"})
-            return None
-        if record is None:
-            return None
-        return AsyncLease(self.store, terms, record, sent_us=sent, clock=self.clock)
 
     # -- the loop --------------------------------------------------------------------------
     async def _loop(self, until: asyncio.Event) -> None:
@@ -310,8 +262,9 @@ class Scheduler:
     def _sleep_s(self) -> float:
         now = self._now()
         soonest = now + round(self.options.tick_s * 1e6)
-        if self._due:
-            soonest = min(soonest, self._due[0][0])
+        due = self._due.soonest()
+        if due is not None:
+            soonest = min(soonest, due)
         # A few random milliseconds past the slot: replicas wake in a different order each
         # time, so the runs of a single job spread over them instead of going to one.
         spread = random.uniform(0.002, 0.03)
@@ -322,9 +275,7 @@ class Scheduler:
         # host's clock, which may be wrong (a replica whose clock ran ahead must not record
         # future slots as missed or skipped for the whole fleet).
         now = await self._sync_clock()
-        due: list[_Job] = []
-        while self._due and self._due[0][0] <= now:
-            due.append(self._jobs[heapq.heappop(self._due)[1]])
+        due = [self._jobs[name] for name in self._due.pop_due(now)]
         # Every replica collects the same slots at the same moment: each one queues the
         # jobs in its own random order (a job's slots stay in order), so their first
         # claims land on different jobs instead of all queueing on the same job leases.
@@ -336,40 +287,23 @@ class Scheduler:
             # Every popped job goes back in the heap, collected or not (a store error
             # leaves its cursor where it was: the next tick collects it again).
             for job in due:
-                self._schedule_next(job)
-        self._collect_retries(now)
-        if loop_time - self._last_recovery >= _RECOVERY_EVERY_S:
+                self._due.push(job)
+        self._pending.extend(self.recovery.due_retries(now))
+        if loop_time - self._last_recovery >= RECOVERY_EVERY_S:
             self._last_recovery = loop_time
-            await self._recover()
+            known = {(c.job, c.slot_us) for c in self._pending}
+            known.update(self.supervisor.running)
+            self._pending.extend(await self.recovery.poll(known))
         await self._claim()
 
-    def _schedule_next(self, job: _Job) -> None:
-        """Put the job's next slot after its cursor, with its jitter, in the due heap."""
-        spec = job.spec
-        following = spec.schedule.next_after(job.cursor_us)
-        if following is not None:
-            fire = following + jitter_us(spec.name, following, spec.jitter_us)
-            heapq.heappush(self._due, (fire, spec.name))
-
-    async def _collect(self, job: _Job, now: int) -> list[SlotClaim]:
+    async def _collect(self, job: PlannedJob, now: int) -> list[SlotClaim]:
         """The job's due slots to claim; the ones catch-up gives up are recorded
         ``missed``."""
         spec = job.spec
-        due = spec.schedule.slots_between(job.cursor_us, now, limit=100_000)
-        ready = [s for s in due if s + jitter_us(spec.name, s, spec.jitter_us) <= now]
-        if not ready:
+        plan = plan_slots(job, now)
+        if not plan.ready:
             return []
-        on_time = [s for s in ready if now - s <= _LATE_TOLERANCE_US + spec.jitter_us]
-        late = [s for s in ready if s not in on_time]
-        take = list(on_time)
-        if late:
-            window = [s for s in late if now - s <= spec.catchup_window_us]
-            if spec.catchup == "all":
-                take = window[-spec.max_catchup :] + on_time
-            elif spec.catchup == "latest" and not on_time and window:
-                take = [window[-1]]
-        missed = [s for s in ready if s not in take]
-        for slot in missed[-_MISSED_RECORD_LIMIT:]:
+        for slot in plan.missed[-_MISSED_RECORD_LIMIT:]:
             await self.store.run(
                 self.ops.run_record(
                     self.options.namespace,
@@ -380,59 +314,21 @@ class Scheduler:
                     "schedule",
                 )
             )
-        if missed:
+        if plan.missed:
             log.warning(
                 "%s: %d slot(s) missed (catchup = %s)",
                 spec.name,
-                len(missed),
+                len(plan.missed),
                 spec.catchup,
-                extra={"action": "slot_missed", "job": spec.name, "count": len(missed)},
+                extra={"action": "slot_missed", "job": spec.name, "count": len(plan.missed)},
             )
-        job.cursor_us = ready[-1]  # only once recorded: a store error retries the lot
+        job.cursor_us = plan.ready[-1]  # only once recorded: a store error retries the lot
         # Caught-up slots run one after another, not "skipped while the previous runs".
-        self._catching_up.update((spec.name, slot) for slot in take if slot not in on_time)
+        self._catching_up.update((spec.name, slot) for slot in plan.caught_up)
         return [
-            self._claim_for(spec, slot, "schedule", deadline_us=_deadline(spec, slot))
-            for slot in take
+            claim_for(spec, slot, "schedule", deadline_us=deadline(spec, slot))
+            for slot in plan.take
         ]
-
-    def _claim_for(
-        self, spec: JobSpec, slot: int, trigger: str, *, deadline_us: int | None = None
-    ) -> SlotClaim:
-        return SlotClaim(
-            job=spec.name,
-            slot_us=slot,
-            run_id=str(uuid.uuid4()),
-            exclusive=spec.overlap != "allow",
-            max_attempts=spec.retries + 1,
-            trigger=trigger,
-            least_us=spec.lock_at_least_us,
-            deadline_us=deadline_us,
-        )
-
-    def _collect_retries(self, now: int) -> None:
-        for key, (due, _attempt) in list(self._retries.items()):
-            if due <= now:
-                del self._retries[key]
-                spec = self.specs.get(key[0])
-                if spec is not None:
-                    self._pending.append(self._claim_for(spec, key[1], "schedule"))
-
-    async def _recover(self) -> None:
-        """Pick up what the ledger says is due again: attempts whose holder vanished,
-        retries another replica left, and queued runs (trigger, backfill) — oldest first."""
-        # Only this replica's jobs: rows of jobs it does not define (another replica's,
-        # or a job since removed) must not fill the limit and starve its own.
-        rows = await self.store.run(
-            self.ops.run_due(self.options.namespace, _DUE_LIMIT, list(self.specs))
-        )
-        waiting = {(c.job, c.slot_us) for c in self._pending}
-        for row in rows:
-            spec = self.specs.get(row.job)
-            key = (row.job, row.slot_us)
-            if spec is None or key in waiting or key in self._running or key in self._retries:
-                continue
-            self._pending.append(self._claim_for(spec, row.slot_us, row.trigger))
 
     async def _claim(self) -> None:
         # A claim refused because another replica already has the slot frees its place in
@@ -460,7 +356,7 @@ class Scheduler:
 
     async def _claim_batch(self) -> bool:
         """Claim one batch; whether some slot turned out taken elsewhere."""
-        room = self.options.concurrency - len(self._running)
+        room = self.options.concurrency - len(self.supervisor.running)
         if room <= 0 or not (self._pending or any(j.buffered for j in self._jobs.values())):
             return False
         if self._contended and self._pending:
@@ -469,8 +365,8 @@ class Scheduler:
         blocked: list[SlotClaim] = []
         for job in self._jobs.values():
             if job.buffered is not None and len(claims) < room:
-                claim = self._claim_for(job.spec, job.buffered, "schedule")
-                (blocked if job.spec.name in self._abandoned else claims).append(claim)
+                claim = claim_for(job.spec, job.buffered, "schedule")
+                (blocked if job.spec.name in self.supervisor.abandoned else claims).append(claim)
                 job.buffered = None
         # At most one exclusive claim per job per batch: the others would only find the
         # job's lease taken by the first. They wait, in order, for the next tick.
@@ -478,7 +374,7 @@ class Scheduler:
         waiting: list[SlotClaim] = []
         while self._pending and len(claims) < room:
             claim = self._pending.popleft()
-            if claim.job in self._abandoned:
+            if claim.job in self.supervisor.abandoned:
                 blocked.append(claim)
                 continue
             if claim.exclusive and claim.job in exclusive:
@@ -517,7 +413,7 @@ class Scheduler:
             if answer.status in ("claimed", "taken", "missed"):
                 self._catching_up.discard((claim.job, claim.slot_us))
             if answer.run is not None:
-                self._start(answer.run, sent)
+                self.supervisor.start(answer.run, sent)
         refused = [(claim, answer.status) for claim, answer in answers if answer.run is None]
         freed = False
         for index, (claim, status) in enumerate(refused):
@@ -605,206 +501,6 @@ class Scheduler:
         )
 
     # -- running -------------------------------------------------------------------------
-    def _start(self, record: RunRecord, sent_us: int) -> None:
-        spec = self.specs[record.job]
-        entry = _Running(spec=spec, record=record, cancellation=Cancellation(self.clock))
-        self._running[(record.job, record.slot_us)] = entry
-        entry.task = asyncio.create_task(
-            self._run_one(entry, sent_us), name=f"fleetcron-run:{record.job}"
-        )
-
-    def _slot_lease(self, entry: _Running, sent_us: int) -> AsyncSlotLease:
-        """The run's lease: renewed (keepalive = true), its loss stops the run."""
-        spec, record = entry.spec, entry.record
-        terms = LeaseTerms(
-            namespace=self.options.namespace,
-            name=spec.name,
-            lock_at_most_us=spec.lock_at_most_us,
-            lock_at_least_us=spec.lock_at_least_us,
-            keepalive=spec.keepalive,
-        )
-        lease = AsyncSlotLease(
-            self.store,
-            terms,
-            record,
-            sent_us=sent_us,
-            clock=self.clock,
-            on_cancel=lambda: entry.cancellation.request("cancel requested"),
-        )
-        lease.on_lost(lambda _lease: entry.cancellation.request("lease lost"))
-        if spec.keepalive:
-            lease.start_keepalive()
-        return lease
-
-    def _stop_policy(self, spec: JobSpec, lease: AsyncSlotLease) -> StopPolicy:
-        return StopPolicy(
-            deadline=lambda: lease.deadline_us,
-            deadline_reason="lease lost" if spec.keepalive else "lock_at_most elapsed",
-            grace_us=effective_grace_us(
-                round(self.options.kill_grace_s * 1e6), spec.lock_at_most_us
-            ),
-            clock=self.clock,
-        )
-
-    async def _run_one(self, entry: _Running, sent_us: int) -> None:
-        spec, record = entry.spec, entry.record
-        ns = self.options.namespace
-        adapter = logging.LoggerAdapter(
-            logging.getLogger(f"fleetcron.job.{spec.name}"),
-            {"job": spec.name, "slot_us": record.slot_us, "fence": record.fence},
-        )
-        ctx = RunContext(
-            job=spec.name,
-            namespace=ns,
-            slot_us=record.slot_us,
-            fence=record.fence,
-            attempt=record.attempt,
-            run_id=record.run_id,
-            trigger=record.trigger,
-            logger=adapter,
-        )
-        log.info(
-            "%s: run started (slot %d, attempt %d, fence %d)",
-            spec.name,
-            record.slot_us,
-            record.attempt,
-            record.fence,
-            extra={"action": "run_started", "job": spec.name, "fence": record.fence},
-        )
-        lease = entry.lease = self._slot_lease(entry, sent_us)
-        timer = None
-        if spec.timeout_us is not None:
-            timer = asyncio.get_running_loop().call_later(
-                spec.timeout_us / 1e6, entry.cancellation.request, "timeout"
-            )
-        try:
-            execution = await execute(
-                spec,
-                ctx,
-                entry.cancellation,
-                self._stop_policy(spec, lease),
-                backend_url=self.options.backend_url,
-                echo=self.options.echo,
-            )
-            outcome = execution.outcome
-            if execution.abandoned is not None:
-                self._abandon(spec.name, execution.abandoned)
-        except Exception as exc:  # the executor itself failed: still record it
-            outcome = RunOutcome(state="failed", error=f"{type(exc).__name__}: {exc}")
-        finally:
-            if timer is not None:
-                timer.cancel()
-        try:
-            await self._finish(entry, lease, outcome)
-        except Exception:
-            # Not a store outage (_finish logs those): a bug or an outcome the store cannot
-            # take. The row stays running until its lease expires and is recovered.
-            log.exception(
-                "%s: recording the outcome failed",
-                spec.name,
-                extra={"action": "run_finish_failed", "job": spec.name},
-            )
-        finally:
-            self._running.pop((record.job, record.slot_us), None)
-            self._wake.set()
-
-    def _abandon(self, job: str, work: asyncio.Future[object]) -> None:
-        """A sync function did not return when its run was cancelled: it still runs in its
-        thread. No other run of the job starts here until it returns."""
-        log.error(
-            "%s: the function did not return after its run was cancelled; it still runs "
-            "in its thread, and no other run of %s starts on this replica until it returns "
-            '(check ctx.cancelled, or set isolate = "process")',
-            job,
-            job,
-            extra={"action": "run_abandoned", "job": job},
-        )
-        self._abandoned[job] = work
-
-        def ended(_: asyncio.Future[object]) -> None:
-            if self._abandoned.get(job) is work:
-                del self._abandoned[job]
-            log.warning(
-                "%s: the abandoned run returned; the job runs again",
-                job,
-                extra={"action": "run_abandoned_ended", "job": job},
-            )
-            self._wake.set()
-
-        work.add_done_callback(ended)
-
-    async def _finish(self, entry: _Running, lease: AsyncSlotLease, outcome: RunOutcome) -> None:
-        spec, record = entry.spec, entry.record
-        retry = outcome.state == "failed" and record.attempt <= spec.retries
-        if retry:
-            outcome = RunOutcome(
-                state=outcome.state,
-                exit_code=outcome.exit_code,
-                error=outcome.error,
-                output=outcome.output,
-                retry_after_us=spec.retry_backoff_us,
-            )
-        try:
-            accepted = await lease.finish(outcome)
-        except StoreError as exc:
-            log.error(
-                "%s: could not record the outcome: %s",
-                spec.name,
-                exc,
-                extra={"action": "run_finish_failed", "job": spec.name},
-            )
-            return
-        if not accepted:
-            log.error(
-                "%s: outcome %s refused: fence %d is no longer current (lease lost)",
-                spec.name,
-                outcome.state,
-                record.fence,
-                extra={"action": "run_rejected", "job": spec.name, "fence": record.fence},
-            )
-            return
-        if retry:
-            due = self._now() + spec.retry_backoff_us
-            self._retries[(spec.name, record.slot_us)] = (due, record.attempt + 1)
-        level = logging.INFO if outcome.state == "succeeded" else logging.WARNING
-        log.log(
-            level,
-            "%s: run %s%s",
-            spec.name,
-            outcome.state,
-            f" ({outcome.error})" if outcome.error else "",
-            extra={
-                "action": f"run_{outcome.state}",
-                "job": spec.name,
-                "fence": record.fence,
-                "exit_code": outcome.exit_code,
-            },
-        )
-
-    def _cancel_all(self, reason: str) -> None:
-        for entry in self._running.values():
-            entry.cancellation.request(reason)
-
-    async def _wait_runs(self, timeout_s: float) -> None:
-        tasks = [e.task for e in self._running.values() if e.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s)
-
-    async def _drain(self) -> None:
-        if self._running:
-            log.info(
-                "stopping: waiting up to %.0fs for %d run(s)",
-                self.options.shutdown_grace_s,
-                len(self._running),
-                extra={"action": "scheduler_draining"},
-            )
-            await self._wait_runs(self.options.shutdown_grace_s)
-        if self._running:
-            self._cancel_all("replica shutting down")
-            await self._wait_runs(self.options.kill_grace_s + 2)
-        for entry in list(self._running.values()):
-            if entry.task is not None:
-                entry.task.cancel()
 
 
 async def _wait_any(events: Sequence[asyncio.Event], timeout_s: float) -> None:
@@ -819,13 +515,6 @@ async def _wait_any(events: Sequence[asyncio.Event], timeout_s: float) -> None:
             wait.cancel()
 
 
-def _setter(event: asyncio.Event) -> Callable[[AsyncLease], None]:
-    def set_event(_lease: AsyncLease) -> None:
-        event.set()
-
-    return set_event
-
-
 async def _first_of(target: asyncio.Event, *events: asyncio.Event) -> None:
     """Set ``target`` as soon as any of ``events`` is set."""
     waits = [asyncio.create_task(event.wait()) for event in events]
@@ -835,23 +524,3 @@ async def _first_of(target: asyncio.Event, *events: asyncio.Event) -> None:
         for wait in waits:
             wait.cancel()
         target.set()
-
-
-def _deadline(spec: JobSpec, slot: int) -> int:
-    """The store time by which a slot's first attempt must start, else it is recorded as
-    ``missed`` at claim time: a replica that fell behind sheds stale slots under the
-    job's catch-up policy instead of running them late. ``skip``: while the slot is on
-    time; ``all``: within the catch-up window; ``latest``: until the next slot fires (a
-    newer slot supersedes it), within the window."""
-    on_time = slot + _LATE_TOLERANCE_US + spec.jitter_us
-    if spec.catchup == "skip":
-        return on_time
-    window = slot + spec.catchup_window_us
-    if spec.catchup == "latest":
-        following = spec.schedule.next_after(slot)
-        if following is not None:
-            fires = following + jitter_us(spec.name, following, spec.jitter_us)
-            # An on-time slot runs whatever the window (a window shorter than the
-            # tolerance must not shed it), until the next slot supersedes it.
-            return min(max(window, on_time), fires)
-    return max(on_time, window)

@@ -16,7 +16,7 @@ import signal
 import sys
 
 from fleetcron.jobsfile import load_jobs_file
-from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores import open_async_store, parse_store_url
 
 
@@ -31,7 +31,7 @@ async def main(url: str, namespace: str, jobs_path: str, ttl_s: float) -> None:
             shutdown_grace_s=10.0,
             backend_url=url,
         )
-        scheduler = Scheduler(store, jobs.jobs, options)
+        scheduler = AsyncScheduler(store, jobs.jobs, options)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, scheduler.stop)

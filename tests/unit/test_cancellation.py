@@ -29,7 +29,7 @@ from fleetcron.keepalive import (
     stop_points,
 )
 from fleetcron.models import RunRecord
-from fleetcron.scheduler import ABANDONED_REASON, Scheduler, SchedulerOptions
+from fleetcron.scheduler import ABANDONED_REASON, AsyncScheduler, SchedulerOptions
 from fleetcron.stores.base import Operation
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 
@@ -48,11 +48,13 @@ async def run_until(
     *,
     timeout: float = 20.0,
     **options: Any,
-) -> Scheduler:
+) -> AsyncScheduler:
     """Run one replica until ``done()`` holds (checked after every pass)."""
     options.setdefault("shutdown_grace_s", 0.5)
     options.setdefault("kill_grace_s", 0.5)
-    scheduler = Scheduler(AsyncMemoryStore(store), jobs, SchedulerOptions(namespace=NS, **options))
+    scheduler = AsyncScheduler(
+        AsyncMemoryStore(store), jobs, SchedulerOptions(namespace=NS, **options)
+    )
     task = asyncio.create_task(scheduler.run())
     try:
         async with asyncio.timeout(timeout):

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from fleetcron import Fleet
-from fleetcron import scheduler as scheduler_module
 from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError, StoreUnavailable
 from fleetcron.jobsfile import JobSpec, job_spec
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim
-from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
+from fleetcron.scheduling import planning
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 
@@ -35,11 +35,11 @@ def spec(name: str, func: Callable[..., Any], **options: Any) -> JobSpec:
 
 async def run_replicas(
     store: MemoryStore, jobs: Sequence[JobSpec], seconds: float, replicas: int = 2, **options: Any
-) -> list[Scheduler]:
+) -> list[AsyncScheduler]:
     options.setdefault("shutdown_grace_s", 1.0)
     options.setdefault("kill_grace_s", 0.5)
     schedulers = [
-        Scheduler(AsyncMemoryStore(store), jobs, SchedulerOptions(namespace=NS, **options))
+        AsyncScheduler(AsyncMemoryStore(store), jobs, SchedulerOptions(namespace=NS, **options))
         for _ in range(replicas)
     ]
     tasks = [asyncio.create_task(s.run()) for s in schedulers]
@@ -145,7 +145,7 @@ async def test_a_replica_that_falls_behind_records_late_slots_missed_instead_of_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     tolerance = 300_000
-    monkeypatch.setattr(scheduler_module, "_LATE_TOLERANCE_US", tolerance)
+    monkeypatch.setattr(planning, "LATE_TOLERANCE_US", tolerance)
     store = MemoryStore()
 
     async def slow(ctx: RunContext) -> None:
@@ -273,8 +273,8 @@ async def test_leader_mode_runs_every_slot_on_the_leader_and_fails_over_after_it
     jobs = [spec("lead", work)]
     options = SchedulerOptions(namespace=NS, mode="leader", leader_ttl_us=600_000)
     cut_off = Unplugged(store)
-    first = Scheduler(cut_off, jobs, options)
-    second = Scheduler(AsyncMemoryStore(store), jobs, options)
+    first = AsyncScheduler(cut_off, jobs, options)
+    second = AsyncScheduler(AsyncMemoryStore(store), jobs, options)
     first_task = asyncio.create_task(first.run())
     await asyncio.wait_for(first.signals.leader.wait(), 5)
     second_task = asyncio.create_task(second.run())
@@ -366,7 +366,7 @@ async def test_sifting_drops_fresh_slots_others_have_and_keeps_retries_and_recov
     assert held.run is not None and failed.run is not None
     outcome = RunOutcome(state="failed", retry_after_us=1)
     assert store.run(store.ops.run_finish(NS, "a", s2, failed.run.fence, outcome))
-    scheduler = Scheduler(
+    scheduler = AsyncScheduler(
         AsyncMemoryStore(store), [spec("a", lambda ctx: None)], SchedulerOptions(namespace=NS)
     )
     fresh_taken = _claim("a", s1, deadline_us=now + 60_000_000)
@@ -385,18 +385,20 @@ async def test_a_store_error_while_collecting_keeps_every_due_job_in_the_heap() 
     failing.failing = {"run_record"}
     # catchup = skip with a cursor an hour back: collecting records missed slots, and fails.
     jobs = [spec(name, lambda ctx: None, every="1s", catchup="skip") for name in ("a", "b")]
-    scheduler = Scheduler(failing, jobs, SchedulerOptions(namespace=NS))
+    scheduler = AsyncScheduler(failing, jobs, SchedulerOptions(namespace=NS))
     now = store.clock.wall_us()
     for name in ("a", "b"):
-        scheduler._jobs[name] = scheduler_module._Job(
+        scheduler._jobs[name] = planning.PlannedJob(
             spec=scheduler.specs[name], cursor_us=now - 3_600_000_000
         )
-        scheduler._schedule_next(scheduler._jobs[name])
+        scheduler._due.push(scheduler._jobs[name])
 
     with pytest.raises(StoreUnavailable):
         await scheduler._tick(0.0)
 
-    assert sorted(name for _, name in scheduler._due) == ["a", "b"]
+    assert sorted(scheduler._due.pop_due(now + 3_600_000_000)) == ["a", "b"]
+    for job in scheduler._jobs.values():
+        scheduler._due.push(job)
     assert all(job.cursor_us == now - 3_600_000_000 for job in scheduler._jobs.values())
     failing.failing = set()
     await scheduler._tick(0.0)  # the next tick collects (and records) what failed
@@ -417,18 +419,19 @@ async def test_won_claims_start_even_when_recording_a_refusal_fails() -> None:
     failing.failing = {"run_record"}
     ran = threading.Event()
     jobs = [spec("a", lambda ctx: None), spec("b", lambda ctx: ran.set())]
-    scheduler = Scheduler(failing, jobs, SchedulerOptions(namespace=NS))
+    scheduler = AsyncScheduler(failing, jobs, SchedulerOptions(namespace=NS))
     for job in jobs:
-        scheduler._jobs[job.name] = scheduler_module._Job(spec=job, cursor_us=now)
+        scheduler._jobs[job.name] = planning.PlannedJob(spec=job, cursor_us=now)
     refused, won = _claim("a", slot), _claim("b", slot)
     scheduler._pending.extend([refused, won])
 
     with pytest.raises(StoreUnavailable):
         await scheduler._claim_batch()
 
-    assert list(scheduler._running) == [("b", slot)]
+    assert list(scheduler.supervisor.running) == [("b", slot)]
     assert list(scheduler._pending) == [refused], "the refusal is looked at again next tick"
-    tasks = [entry.task for entry in scheduler._running.values() if entry.task is not None]
+    running = scheduler.supervisor.running.values()
+    tasks = [entry.task for entry in running if entry.task is not None]
     failing.failing = set()
     await asyncio.gather(*tasks)
     assert ran.is_set()
@@ -451,7 +454,7 @@ def test_the_claim_deadline_follows_the_catchup_policy(
     job = spec("j", lambda ctx: None, every="1m", catchup=catchup, catchup_window=window)
     slot = 1_800_000_000_000_000
 
-    assert scheduler_module._deadline(job, slot) == slot + deadline_s * 1_000_000
+    assert planning.deadline(job, slot) == slot + deadline_s * 1_000_000
 
 
 def test_fleet_job_misuse_is_a_clear_error() -> None:

@@ -28,12 +28,13 @@ from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError
-from fleetcron.fleet import Fleet, lease_terms
+from fleetcron.fleet import Fleet
 from fleetcron.lease import Lease, new_holder
 from fleetcron.models import RunOutcome, SlotClaim, micros_to_datetime
 from fleetcron.schedules import Schedule
 from fleetcron.slot_lease import SlotLease
 from fleetcron.stores.base import SyncStore
+from fleetcron.terms import lease_terms
 
 __all__ = [
     "ExecOptions",

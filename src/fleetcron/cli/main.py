@@ -19,10 +19,11 @@ from fleetcron.cli import next_cmd, scheduler_cmds
 from fleetcron.cli.exitcodes import EXIT_STORE_UNAVAILABLE, EXIT_USAGE
 from fleetcron.durations import format_duration, to_micros
 from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
-from fleetcron.fleet import DEFAULT_LOCK_AT_MOST, Fleet, resolve_namespace
+from fleetcron.fleet import Fleet
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
 from fleetcron.stores import open_store, resolve_backend
+from fleetcron.terms import DEFAULT_LOCK_AT_MOST, resolve_namespace
 
 __all__ = ["main"]
 
@@ -211,8 +212,8 @@ def _print_locks(records: list[LeaseRecord], as_json: bool) -> None:
 def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
     if args.command == "exec":
         from fleetcron.cli.exec import exec_options, run_exec, run_exec_schedule
-        from fleetcron.fleet import lease_terms
         from fleetcron.schedules import CronSchedule
+        from fleetcron.terms import lease_terms
 
         options = exec_options(args, command)
         namespace = _namespace(args)

@@ -13,13 +13,13 @@ from typing import TypeVar
 
 from fleetcron.durations import format_duration
 from fleetcron.errors import ConfigurationError
-from fleetcron.fleet import NAMESPACE_ENV
 from fleetcron.jobsfile import load_jobs_file
 from fleetcron.models import RunRecord, micros_to_datetime
 from fleetcron.names import validate_name, validate_namespace
-from fleetcron.scheduler import Scheduler, SchedulerOptions
+from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.schedules import from_datetime, schedule_from_definition
 from fleetcron.stores import open_async_store, open_store, resolve_backend
+from fleetcron.terms import NAMESPACE_ENV
 
 __all__ = [
     "add_parsers",
@@ -126,7 +126,7 @@ def run_run(args: argparse.Namespace) -> int:
     async def main() -> None:
         store = await open_async_store(url)
         try:
-            scheduler = Scheduler(store, jobs_file.jobs, options)
+            scheduler = AsyncScheduler(store, jobs_file.jobs, options)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, scheduler.stop)

@@ -1,0 +1,136 @@
+"""Planning: which slots a replica claims, and when.
+
+Each job's next fire time (slot + jitter) sits in a heap, so a pass looks only at the jobs
+that are due — its cost follows the work due, not the number of jobs defined. A due job's
+slots since its cursor are split by the job's catch-up policy into the ones to claim and the
+ones recorded ``missed``; every claim carries a deadline past which the store records the
+slot ``missed`` instead of running it late.
+"""
+
+from __future__ import annotations
+
+import heapq
+import uuid
+from dataclasses import dataclass, field
+
+from fleetcron.jobsfile import JobSpec
+from fleetcron.models import SlotClaim
+from fleetcron.schedules import jitter_us
+
+__all__ = [
+    "LATE_TOLERANCE_US",
+    "MISSED_RECORD_LIMIT",
+    "DueHeap",
+    "Plan",
+    "PlannedJob",
+    "claim_for",
+    "deadline",
+    "plan_slots",
+]
+
+LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = skip)
+MISSED_RECORD_LIMIT = 1_000  # missed slots recorded per job per pass (the newest)
+
+
+@dataclass(eq=False)
+class PlannedJob:
+    """A job as one replica plans it: ``cursor_us`` is its last slot collected (or the
+    fleet's high-water mark at start); ``buffered`` the newest slot waiting for the running
+    attempt to end (``overlap = buffer_one`` / ``cancel_other``)."""
+
+    spec: JobSpec
+    cursor_us: int
+    buffered: int | None = None
+
+
+@dataclass
+class DueHeap:
+    """Each job's next fire time (slot + jitter), soonest first."""
+
+    _heap: list[tuple[int, str]] = field(default_factory=list)
+
+    def push(self, job: PlannedJob) -> None:
+        """Put the job's next slot after its cursor, with its jitter, in the heap."""
+        spec = job.spec
+        following = spec.schedule.next_after(job.cursor_us)
+        if following is not None:
+            fire = following + jitter_us(spec.name, following, spec.jitter_us)
+            heapq.heappush(self._heap, (fire, spec.name))
+
+    def pop_due(self, now_us: int) -> list[str]:
+        """The names of the jobs whose next fire time has come (they leave the heap)."""
+        due = []
+        while self._heap and self._heap[0][0] <= now_us:
+            due.append(heapq.heappop(self._heap)[1])
+        return due
+
+    def soonest(self) -> int | None:
+        """The next fire time of any job."""
+        return self._heap[0][0] if self._heap else None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do with a due job's slots: ``take`` (claim, oldest first), ``missed``
+    (record as missed), ``caught_up`` (the late ones taken: they run one after another,
+    never "skipped while the previous one runs"), ``ready`` (all the slots collected)."""
+
+    take: list[int]
+    missed: list[int]
+    caught_up: list[int]
+    ready: list[int]
+
+
+def plan_slots(job: PlannedJob, now_us: int) -> Plan:
+    """Split the job's slots between its cursor and ``now_us`` by its catch-up policy."""
+    spec = job.spec
+    due = spec.schedule.slots_between(job.cursor_us, now_us, limit=100_000)
+    ready = [s for s in due if s + jitter_us(spec.name, s, spec.jitter_us) <= now_us]
+    on_time = [s for s in ready if now_us - s <= LATE_TOLERANCE_US + spec.jitter_us]
+    late = [s for s in ready if s not in on_time]
+    take = list(on_time)
+    if late:
+        window = [s for s in late if now_us - s <= spec.catchup_window_us]
+        if spec.catchup == "all":
+            take = window[-spec.max_catchup :] + on_time
+        elif spec.catchup == "latest" and not on_time and window:
+            take = [window[-1]]
+    missed = [s for s in ready if s not in take]
+    caught_up = [s for s in take if s not in on_time]
+    return Plan(take=take, missed=missed, caught_up=caught_up, ready=ready)
+
+
+def claim_for(
+    spec: JobSpec, slot: int, trigger: str, *, deadline_us: int | None = None
+) -> SlotClaim:
+    """The claim of one slot of ``spec``."""
+    return SlotClaim(
+        job=spec.name,
+        slot_us=slot,
+        run_id=str(uuid.uuid4()),
+        exclusive=spec.overlap != "allow",
+        max_attempts=spec.retries + 1,
+        trigger=trigger,
+        least_us=spec.lock_at_least_us,
+        deadline_us=deadline_us,
+    )
+
+
+def deadline(spec: JobSpec, slot: int) -> int:
+    """The store time by which a slot's first attempt must start, else it is recorded as
+    ``missed`` at claim time: a replica that fell behind sheds stale slots under the
+    job's catch-up policy instead of running them late. ``skip``: while the slot is on
+    time; ``all``: within the catch-up window; ``latest``: until the next slot fires (a
+    newer slot supersedes it), within the window."""
+    on_time = slot + LATE_TOLERANCE_US + spec.jitter_us
+    if spec.catchup == "skip":
+        return on_time
+    window = slot + spec.catchup_window_us
+    if spec.catchup == "latest":
+        following = spec.schedule.next_after(slot)
+        if following is not None:
+            fires = following + jitter_us(spec.name, following, spec.jitter_us)
+            # An on-time slot runs whatever the window (a window shorter than the
+            # tolerance must not shed it), until the next slot supersedes it.
+            return min(max(window, on_time), fires)
+    return max(on_time, window)

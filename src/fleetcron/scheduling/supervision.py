@@ -1,0 +1,286 @@
+"""Supervision: running one claimed attempt, from its start to its recorded outcome.
+
+Each attempt holds its slot like a lease (:class:`~fleetcron.slot_lease.AsyncSlotLease`):
+renewed every ``lock_at_most / 3`` while ``keepalive`` is on, its loss (or its timeout, a
+cancel request, the replica's shutdown) stops the run with the executor's stop sequence,
+and its outcome is recorded only while its fence is current. A sync function that does not
+return when cancelled is *abandoned*: no other run of its job starts on this replica until
+it returns (the loop asks :attr:`Supervisor.abandoned`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from fleetcron._log import log
+from fleetcron.clock import Clock
+from fleetcron.context import RunContext
+from fleetcron.errors import StoreError
+from fleetcron.executor import Cancellation, StopPolicy, execute
+from fleetcron.jobsfile import JobSpec
+from fleetcron.keepalive import effective_grace_us
+from fleetcron.lease import LeaseTerms
+from fleetcron.models import RunOutcome, RunRecord
+from fleetcron.scheduling.recovery import Recovery
+from fleetcron.slot_lease import AsyncSlotLease
+from fleetcron.stores.base import AsyncStore
+
+__all__ = ["ABANDONED_REASON", "Running", "Supervisor", "SupervisorOptions"]
+
+ABANDONED_REASON = "an abandoned run of this job still runs on this replica"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorOptions:
+    """What supervision needs of the replica's options."""
+
+    namespace: str
+    kill_grace_s: float
+    shutdown_grace_s: float
+    backend_url: str | None
+    echo: bool
+
+
+@dataclass(eq=False)
+class Running:
+    """One attempt in flight on this replica."""
+
+    spec: JobSpec
+    record: RunRecord
+    cancellation: Cancellation
+    task: asyncio.Task[None] | None = None
+    lease: AsyncSlotLease | None = None
+
+
+class Supervisor:
+    """The attempts in flight on one replica, and the jobs blocked by an abandoned run."""
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        specs: Mapping[str, JobSpec],
+        options: SupervisorOptions,
+        *,
+        clock: Clock,
+        recovery: Recovery,
+        store_now: Callable[[], int],
+        on_done: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.specs = specs
+        self.options = options
+        self.clock = clock
+        self.recovery = recovery
+        self._store_now = store_now
+        self._on_done = on_done
+        self.running: dict[tuple[str, int], Running] = {}
+        # Jobs whose sync function was abandoned after its cancellation and still runs.
+        self.abandoned: dict[str, asyncio.Future[object]] = {}
+
+    def start(self, record: RunRecord, sent_us: int) -> None:
+        """Run a claimed attempt; ``sent_us``: when its claim was sent (its lease's start)."""
+        spec = self.specs[record.job]
+        entry = Running(spec=spec, record=record, cancellation=Cancellation(self.clock))
+        self.running[(record.job, record.slot_us)] = entry
+        entry.task = asyncio.create_task(
+            self._run_one(entry, sent_us), name=f"fleetcron-run:{record.job}"
+        )
+
+    def _slot_lease(self, entry: Running, sent_us: int) -> AsyncSlotLease:
+        """The run's lease: renewed (keepalive = true), its loss stops the run."""
+        spec, record = entry.spec, entry.record
+        terms = LeaseTerms(
+            namespace=self.options.namespace,
+            name=spec.name,
+            lock_at_most_us=spec.lock_at_most_us,
+            lock_at_least_us=spec.lock_at_least_us,
+            keepalive=spec.keepalive,
+        )
+        lease = AsyncSlotLease(
+            self.store,
+            terms,
+            record,
+            sent_us=sent_us,
+            clock=self.clock,
+            on_cancel=lambda: entry.cancellation.request("cancel requested"),
+        )
+        lease.on_lost(lambda _lease: entry.cancellation.request("lease lost"))
+        if spec.keepalive:
+            lease.start_keepalive()
+        return lease
+
+    def _stop_policy(self, spec: JobSpec, lease: AsyncSlotLease) -> StopPolicy:
+        return StopPolicy(
+            deadline=lambda: lease.deadline_us,
+            deadline_reason="lease lost" if spec.keepalive else "lock_at_most elapsed",
+            grace_us=effective_grace_us(
+                round(self.options.kill_grace_s * 1e6), spec.lock_at_most_us
+            ),
+            clock=self.clock,
+        )
+
+    async def _run_one(self, entry: Running, sent_us: int) -> None:
+        spec, record = entry.spec, entry.record
+        ns = self.options.namespace
+        adapter = logging.LoggerAdapter(
+            logging.getLogger(f"fleetcron.job.{spec.name}"),
+            {"job": spec.name, "slot_us": record.slot_us, "fence": record.fence},
+        )
+        ctx = RunContext(
+            job=spec.name,
+            namespace=ns,
+            slot_us=record.slot_us,
+            fence=record.fence,
+            attempt=record.attempt,
+            run_id=record.run_id,
+            trigger=record.trigger,
+            logger=adapter,
+        )
+        log.info(
+            "%s: run started (slot %d, attempt %d, fence %d)",
+            spec.name,
+            record.slot_us,
+            record.attempt,
+            record.fence,
+            extra={"action": "run_started", "job": spec.name, "fence": record.fence},
+        )
+        lease = entry.lease = self._slot_lease(entry, sent_us)
+        timer = None
+        if spec.timeout_us is not None:
+            timer = asyncio.get_running_loop().call_later(
+                spec.timeout_us / 1e6, entry.cancellation.request, "timeout"
+            )
+        try:
+            execution = await execute(
+                spec,
+                ctx,
+                entry.cancellation,
+                self._stop_policy(spec, lease),
+                backend_url=self.options.backend_url,
+                echo=self.options.echo,
+            )
+            outcome = execution.outcome
+            if execution.abandoned is not None:
+                self._abandon(spec.name, execution.abandoned)
+        except Exception as exc:  # the executor itself failed: still record it
+            outcome = RunOutcome(state="failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            if timer is not None:
+                timer.cancel()
+        try:
+            await self._finish(entry, lease, outcome)
+        except Exception:
+            # Not a store outage (_finish logs those): a bug or an outcome the store cannot
+            # take. The row stays running until its lease expires and is recovered.
+            log.exception(
+                "%s: recording the outcome failed",
+                spec.name,
+                extra={"action": "run_finish_failed", "job": spec.name},
+            )
+        finally:
+            self.running.pop((record.job, record.slot_us), None)
+            self._on_done()
+
+    def _abandon(self, job: str, work: asyncio.Future[object]) -> None:
+        """A sync function did not return when its run was cancelled: it still runs in its
+        thread. No other run of the job starts here until it returns."""
+        log.error(
+            "%s: the function did not return after its run was cancelled; it still runs "
+            "in its thread, and no other run of %s starts on this replica until it returns "
+            '(check ctx.cancelled, or set isolate = "process")',
+            job,
+            job,
+            extra={"action": "run_abandoned", "job": job},
+        )
+        self.abandoned[job] = work
+
+        def ended(_: asyncio.Future[object]) -> None:
+            if self.abandoned.get(job) is work:
+                del self.abandoned[job]
+            log.warning(
+                "%s: the abandoned run returned; the job runs again",
+                job,
+                extra={"action": "run_abandoned_ended", "job": job},
+            )
+            self._on_done()
+
+        work.add_done_callback(ended)
+
+    async def _finish(self, entry: Running, lease: AsyncSlotLease, outcome: RunOutcome) -> None:
+        spec, record = entry.spec, entry.record
+        retry = outcome.state == "failed" and record.attempt <= spec.retries
+        if retry:
+            outcome = RunOutcome(
+                state=outcome.state,
+                exit_code=outcome.exit_code,
+                error=outcome.error,
+                output=outcome.output,
+                retry_after_us=spec.retry_backoff_us,
+            )
+        try:
+            accepted = await lease.finish(outcome)
+        except StoreError as exc:
+            log.error(
+                "%s: could not record the outcome: %s",
+                spec.name,
+                exc,
+                extra={"action": "run_finish_failed", "job": spec.name},
+            )
+            return
+        if not accepted:
+            log.error(
+                "%s: outcome %s refused: fence %d is no longer current (lease lost)",
+                spec.name,
+                outcome.state,
+                record.fence,
+                extra={"action": "run_rejected", "job": spec.name, "fence": record.fence},
+            )
+            return
+        if retry:
+            due = self._store_now() + spec.retry_backoff_us
+            self.recovery.schedule_retry(spec.name, record.slot_us, due, record.attempt + 1)
+        level = logging.INFO if outcome.state == "succeeded" else logging.WARNING
+        log.log(
+            level,
+            "%s: run %s%s",
+            spec.name,
+            outcome.state,
+            f" ({outcome.error})" if outcome.error else "",
+            extra={
+                "action": f"run_{outcome.state}",
+                "job": spec.name,
+                "fence": record.fence,
+                "exit_code": outcome.exit_code,
+            },
+        )
+
+    def cancel_all(self, reason: str) -> None:
+        """Ask every run in flight to stop."""
+        for entry in self.running.values():
+            entry.cancellation.request(reason)
+
+    async def wait_runs(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the runs in flight to end."""
+        tasks = [e.task for e in self.running.values() if e.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+    async def drain(self) -> None:
+        """Shutdown: the runs get ``shutdown_grace_s`` to end, then are stopped."""
+        if self.running:
+            log.info(
+                "stopping: waiting up to %.0fs for %d run(s)",
+                self.options.shutdown_grace_s,
+                len(self.running),
+                extra={"action": "scheduler_draining"},
+            )
+            await self.wait_runs(self.options.shutdown_grace_s)
+        if self.running:
+            self.cancel_all("replica shutting down")
+            await self.wait_runs(self.options.kill_grace_s + 2)
+        for entry in list(self.running.values()):
+            if entry.task is not None:
+                entry.task.cancel()
