@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
@@ -23,6 +24,7 @@ from fleetcron.errors import ConfigurationError, LockBusy
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms, new_holder
 from fleetcron.models import LeaseRecord, RunRecord
 from fleetcron.names import validate_name
+from fleetcron.portal import Portal
 from fleetcron.registry import JobRegistry
 from fleetcron.scheduler import AsyncScheduler
 from fleetcron.stores import (
@@ -85,6 +87,8 @@ class Fleet(JobRegistry):
             self._owns_store = False
         JobRegistry.__init__(self)
         self._background: Scheduler | None = None
+        self._portal: Portal | None = None  # where the keepalives of its leases run
+        self._portal_lock = threading.Lock()
 
     # -- the scheduler -------------------------------------------------------------------
     def _async_store(self) -> Awaitable[AsyncStore]:
@@ -155,7 +159,9 @@ class Fleet(JobRegistry):
         )
         if record is None:
             return None
-        lease = Lease(self.store, terms, record, sent_us=sent, clock=self.clock)
+        lease = Lease(
+            self.store, terms, record, sent_us=sent, clock=self.clock, portal=self._keepalives
+        )
         if terms.keepalive:
             lease.start_keepalive()
         log_acquired(lease)
@@ -293,9 +299,21 @@ class Fleet(JobRegistry):
         micros = older_than_us(older_than)
         return self.store.run(self.store.ops.lease_prune(self.namespace, micros, dry_run))
 
+    def _keepalives(self) -> Portal:
+        """The portal the keepalives of this fleet's leases run on (started on first use)."""
+        with self._portal_lock:
+            if self._portal is None:
+                self._portal = Portal("fleetcron-keepalive")
+            return self._portal
+
     def close(self) -> None:
-        """Stop the scheduler if it runs; close the store if this fleet opened it."""
+        """Stop the scheduler and the keepalives if they run; close the store if this
+        fleet opened it."""
         self.stop()
+        with self._portal_lock:
+            portal, self._portal = self._portal, None
+        if portal is not None:
+            portal.close()
         if self._owns_store:
             self.store.close()
 

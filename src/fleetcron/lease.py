@@ -11,24 +11,29 @@ unreachable, process starved), the lease is *lost*: ``lease.lost`` is set, the
 ``on_lost`` callbacks run, the protected work is cancelled, and leaving the ``with`` block
 raises :class:`~fleetcron.errors.LeaseLost`.
 
-A subclass changes what a renewal and a release are in the store (a claimed slot renews
-its ledger row and records its outcome: :mod:`fleetcron.slot_lease`), never when they
-happen or what a loss does.
+There is one implementation, :class:`AsyncLease`. The sync :class:`Lease` is its face: a
+renewal or release asked for by the holder runs in the holder's thread there and then (the
+coroutine completes without suspending, over the sync store), and the keepalive runs on a
+:class:`~fleetcron.portal.Portal`, each renewal in a worker thread so that one that hangs
+never holds up the deadline. A subclass of :class:`AsyncLease` changes what a renewal and a
+release are in the store (a claimed slot renews its ledger row and records its outcome:
+:mod:`fleetcron.slot_lease`), never when they happen or what a loss does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from fleetcron._log import log
 from fleetcron.clock import Clock
@@ -41,9 +46,21 @@ from fleetcron.keepalive import (
     safety_margin_us,
 )
 from fleetcron.models import LeaseRecord
-from fleetcron.stores.base import AsyncStore, SyncStore
+from fleetcron.portal import Portal
+from fleetcron.stores.base import AsyncStore, Capability, Operation, Operations, SyncStore
 
-__all__ = ["AsyncLease", "Lease", "LeaseTerms", "new_holder", "safety_margin_us"]
+__all__ = [
+    "AsyncLease",
+    "InlineStore",
+    "Lease",
+    "LeaseTerms",
+    "PortalSource",
+    "new_holder",
+    "run_inline",
+    "safety_margin_us",
+]
+
+T = TypeVar("T")
 
 _HOST = socket.gethostname()
 
@@ -64,19 +81,34 @@ class LeaseTerms:
     keepalive: bool
 
 
-class _LeaseBase:
-    """State shared by the sync and async handles."""
+class AsyncLease:
+    """A held lease (asyncio): the one implementation of a lease's life. Use with
+    ``async with`` to release on exit; the task inside is cancelled when it is lost."""
 
     def __init__(
-        self, terms: LeaseTerms, record: LeaseRecord, *, sent_us: int, clock: Clock
+        self,
+        store: AsyncStore,
+        terms: LeaseTerms,
+        record: LeaseRecord,
+        *,
+        sent_us: int,
+        clock: Clock,
     ) -> None:
         self.terms = terms
         self.record = record
         self.clock = clock
+        self._store = store
         self._deadline_us = local_deadline_us(sent_us, terms.lock_at_most_us)
         self._released = False
         self._lost_reason: str | None = None
+        self.lost = asyncio.Event()
+        """Set when the lease is lost."""
+        self._task: asyncio.Task[None] | None = None
+        self._owner: asyncio.Task[object] | None = None
+        self._on_lost: list[Callable[[Any], None]] = []
+        self._cancelled_owner = False
 
+    # -- what the lease is -------------------------------------------------------------
     @property
     def name(self) -> str:
         return self.terms.name
@@ -108,39 +140,45 @@ class _LeaseBase:
         return self._lost_reason is not None
 
     @property
+    def is_released(self) -> bool:
+        return self._released
+
+    @property
     def valid(self) -> bool:
         """Held, not released, not lost and before the local deadline."""
         return not self._released and not self.is_lost and self.remaining_us() > 0
 
-    def _announce_loss(self, callbacks: Sequence[Callable[[Any], None]]) -> None:
-        """Log the loss and run the handle's ``on_lost`` callbacks."""
+    def __repr__(self) -> str:
+        state = "lost" if self.is_lost else "released" if self._released else "held"
+        return f"<{type(self).__name__} {self.namespace}/{self.name} fence={self.fence} {state}>"
+
+    # -- loss ------------------------------------------------------------------------------
+    def on_lost(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(lease)`` when the lease is lost (at once if it already is)."""
+        self._on_lost.append(callback)
+        if self.is_lost:
+            callback(self)
+
+    def _declare_lost(self, reason: str) -> None:
+        if self.is_lost or self._released:
+            return
+        self._lost_reason = reason
+        self.lost.set()
         log.error(
             "lease on %s (fence %d) lost: %s",
             self.name,
             self.fence,
-            self._lost_reason,
+            reason,
             extra={"action": "lease_lost", "lock": self.name, "fence": self.fence},
         )
-        for callback in callbacks:
+        for callback in self._on_lost:
             try:
                 callback(self)
             except Exception:
                 log.exception("on_lost callback failed", extra={"action": "callback_failed"})
-
-    def _renewal_failed(self, error: BaseException, interval_s: float) -> float:
-        """Log a failed renewal; return when to try again (sooner than usual)."""
-        log.warning(
-            "renewing %s failed: %s",
-            self.name,
-            describe_failure(error),
-            extra={"action": "lease_renew_failed", "lock": self.name, "fence": self.fence},
-        )
-        return retry_interval_s(interval_s, self.remaining_us())
-
-    def _renewed(self, record: LeaseRecord, sent_us: int) -> None:
-        """A renewal sent at ``sent_us`` succeeded: the deadline moves from its send time."""
-        self.record = record
-        self._deadline_us = local_deadline_us(sent_us, self.terms.lock_at_most_us)
+        if self._owner is not None and not self._owner.done():
+            self._cancelled_owner = True
+            self._owner.cancel(f"lease on {self.name!r} lost")
 
     def _lost_error(self) -> LeaseLost:
         if self._lost_reason is None:
@@ -152,127 +190,6 @@ class _LeaseBase:
             fence=self.fence,
         )
 
-    def __repr__(self) -> str:
-        state = "lost" if self.is_lost else "released" if self._released else "held"
-        return f"<{type(self).__name__} {self.namespace}/{self.name} fence={self.fence} {state}>"
-
-
-class Lease(_LeaseBase):
-    """A held lease (sync). Use as a context manager to release on exit."""
-
-    def __init__(
-        self,
-        store: SyncStore,
-        terms: LeaseTerms,
-        record: LeaseRecord,
-        *,
-        sent_us: int,
-        clock: Clock,
-        interrupt_thread: bool = True,
-    ) -> None:
-        super().__init__(terms, record, sent_us=sent_us, clock=clock)
-        self._store = store
-        self.lost = threading.Event()
-        """Set when the lease is lost; long-running work can poll or wait on it."""
-        self._on_lost: list[Callable[[Lease], None]] = []
-        self._owner_thread = threading.get_ident() if interrupt_thread else None
-        self._inside = False
-        self._cond = threading.Condition()
-        self._stop = False
-        self._threads: list[threading.Thread] = []
-        self._interrupted = False
-
-    # -- keepalive -------------------------------------------------------------------
-    def on_lost(self, callback: Callable[[Lease], None]) -> None:
-        """Call ``callback(lease)`` (from a keepalive thread) when the lease is lost."""
-        self._on_lost.append(callback)
-        if self.is_lost:
-            callback(self)
-
-    def start_keepalive(self) -> None:
-        """Start the renewal and deadline-watch threads (idempotent)."""
-        if self._threads:
-            return
-        for target, label in ((self._renew_loop, "renew"), (self._watch_loop, "watch")):
-            thread = threading.Thread(
-                target=target, name=f"fleetcron-{label}:{self.name}", daemon=True
-            )
-            self._threads.append(thread)
-            thread.start()
-
-    def _renew_loop(self) -> None:
-        interval = renew_interval_s(self.terms.lock_at_most_us)
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stop, timeout=interval)
-                if self._stop or self.is_lost:
-                    return
-            try:
-                self.extend()
-                interval = renew_interval_s(self.terms.lock_at_most_us)
-            except LeaseLost:
-                return
-            except StoreError as exc:
-                # Keep trying until the deadline; the watch thread declares the loss.
-                interval = self._renewal_failed(exc, interval)
-
-    def _watch_loop(self) -> None:
-        while True:
-            with self._cond:
-                remaining = self.remaining_us() / 1e6
-                if self._stop:
-                    return
-                if remaining > 0:
-                    self._cond.wait(timeout=remaining)
-                    continue
-            self._declare_lost("the local deadline passed without a successful renewal")
-            return
-
-    def _declare_lost(self, reason: str) -> None:
-        with self._cond:
-            if self.is_lost or self._released:
-                return
-            self._lost_reason = reason
-            self._cond.notify_all()
-        self.lost.set()
-        self._announce_loss(self._on_lost)
-        with self._cond:
-            if self._inside and self._owner_thread is not None:
-                self._interrupted = True
-                _raise_in_thread(self._owner_thread, _interruption(self._lost_error()))
-
-    # -- operations ------------------------------------------------------------------
-    def extend(self) -> None:
-        """Renew for another ``lock_at_most``. Raises :class:`LeaseLost` if refused."""
-        if self.is_lost:
-            raise self._lost_error()
-        sent = self.clock.monotonic_us()
-        record = self._renew_in_store()
-        if record is None:
-            self._declare_lost("the store refused the renewal (expired or taken over)")
-            raise self._lost_error()
-        with self._cond:
-            if self.is_lost:
-                raise self._lost_error()
-            self._renewed(record, sent)
-            self._cond.notify_all()
-
-    def _renew_in_store(self) -> LeaseRecord | None:
-        """One renewal request; ``None`` when refused. (A slot's lease renews its run.)"""
-        terms = self.terms
-        return self._store.run(
-            self._store.ops.lease_extend(
-                terms.namespace, terms.name, self.holder, self.fence, terms.lock_at_most_us
-            )
-        )
-
-    def _release_in_store(self) -> bool:
-        """One release request; whether the store still knew the lease as ours."""
-        terms = self.terms
-        return self._store.run(
-            self._store.ops.lease_release(terms.namespace, terms.name, self.holder, self.fence)
-        )
-
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost or past its local deadline."""
         if self.is_lost:
@@ -281,108 +198,7 @@ class Lease(_LeaseBase):
             self._declare_lost("the local deadline passed")
             raise self._lost_error()
 
-    def release(self) -> bool:
-        """Give the lease back (it stays held until ``lock_at_least``). Idempotent.
-
-        Returns whether the store still knew the lease as ours.
-        """
-        with self._cond:
-            if self._released:
-                return False
-            self._released = True
-            self._stop = True
-            self._cond.notify_all()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
-        released = self._release_in_store()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "released %s (fence %d)",
-                self.name,
-                self.fence,
-                extra={"action": "lock_released", "lock": self.name, "fence": self.fence},
-            )
-        return released
-
-    def __enter__(self) -> Self:
-        self._inside = True
-        if self._owner_thread is not None:
-            self._owner_thread = threading.get_ident()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        with self._cond:
-            self._inside = False
-            if self._interrupted and self._owner_thread is not None:
-                _clear_pending(self._owner_thread)  # not delivered yet: we raise below instead
-        lost = self.is_lost
-        try:
-            self.release()
-        except FleetcronError as error:
-            log.warning(
-                "releasing %s failed: %s (it expires at the end of its lease)",
-                self.name,
-                error,
-                extra={"action": "lock_release_failed", "lock": self.name},
-            )
-        if lost and (exc is None or isinstance(exc, LeaseLost)):
-            raise self._lost_error() from exc
-
-
-def _interruption(error: LeaseLost) -> type[LeaseLost]:
-    # An exception raised in another thread is given as a class and instantiated there
-    # with no arguments, which LeaseLost (name required) does not allow: bind them here.
-    class LeaseInterrupted(LeaseLost):
-        def __init__(self) -> None:
-            super().__init__(error.name, error.message, fence=error.fence)
-
-    return LeaseInterrupted
-
-
-def _raise_in_thread(thread_id: int, exc_type: type[BaseException]) -> None:
-    # Interrupts pure-Python work in the holder's thread at its next bytecode; a blocking
-    # C call (socket read, sleep) finishes first. The lost event is the cooperative path.
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type)
-    )
-
-
-def _clear_pending(thread_id: int) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
-
-
-class AsyncLease(_LeaseBase):
-    """A held lease (asyncio). Use with ``async with`` to release on exit."""
-
-    def __init__(
-        self,
-        store: AsyncStore,
-        terms: LeaseTerms,
-        record: LeaseRecord,
-        *,
-        sent_us: int,
-        clock: Clock,
-    ) -> None:
-        super().__init__(terms, record, sent_us=sent_us, clock=clock)
-        self._store = store
-        self.lost = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._owner: asyncio.Task[object] | None = None
-        self._on_lost: list[Callable[[AsyncLease], None]] = []
-        self._cancelled_owner = False
-
-    def on_lost(self, callback: Callable[[AsyncLease], None]) -> None:
-        """Call ``callback(lease)`` when the lease is lost (at once if it already is)."""
-        self._on_lost.append(callback)
-        if self.is_lost:
-            callback(self)
-
+    # -- keepalive -------------------------------------------------------------------------
     def start_keepalive(self) -> None:
         """Start the renewal task on the running loop (idempotent)."""
         if self._task is None:
@@ -390,6 +206,14 @@ class AsyncLease(_LeaseBase):
                 self._keepalive(), name=f"fleetcron-keepalive:{self.name}"
             )
             self._task.add_done_callback(self._keepalive_ended)
+
+    async def stop_keepalive(self) -> None:
+        """Stop the renewal task and wait until it has stopped."""
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _keepalive_ended(self, task: asyncio.Task[None]) -> None:
         """A keepalive that died of an unexpected error renews nothing: the lease is lost."""
@@ -413,18 +237,15 @@ class AsyncLease(_LeaseBase):
             except LeaseLost:
                 return
             except (StoreError, TimeoutError) as exc:
-                interval = self._renewal_failed(exc, interval)
+                log.warning(
+                    "renewing %s failed: %s",
+                    self.name,
+                    describe_failure(exc),
+                    extra={"action": "lease_renew_failed", "lock": self.name, "fence": self.fence},
+                )
+                interval = retry_interval_s(interval, self.remaining_us())
 
-    def _declare_lost(self, reason: str) -> None:
-        if self.is_lost or self._released:
-            return
-        self._lost_reason = reason
-        self.lost.set()
-        self._announce_loss(self._on_lost)
-        if self._owner is not None and not self._owner.done():
-            self._cancelled_owner = True
-            self._owner.cancel(f"lease on {self.name!r} lost")
-
+    # -- the store -------------------------------------------------------------------------
     async def extend(self) -> None:
         """Renew for another ``lock_at_most``. Raises :class:`LeaseLost` if refused."""
         if self.is_lost:
@@ -436,7 +257,9 @@ class AsyncLease(_LeaseBase):
             raise self._lost_error()
         if self.is_lost:
             raise self._lost_error()
-        self._renewed(record, sent)
+        # The deadline moves from the renewal's send time, never from its answer's.
+        self.record = record
+        self._deadline_us = local_deadline_us(sent, self.terms.lock_at_most_us)
 
     async def _renew_in_store(self) -> LeaseRecord | None:
         """One renewal request; ``None`` when refused."""
@@ -454,22 +277,24 @@ class AsyncLease(_LeaseBase):
             self._store.ops.lease_release(terms.namespace, terms.name, self.holder, self.fence)
         )
 
-    def check(self) -> None:
-        """Raise :class:`LeaseLost` if the lease is lost or past its local deadline."""
-        if self.is_lost:
-            raise self._lost_error()
-        if self.remaining_us() <= 0:
-            self._declare_lost("the local deadline passed")
-            raise self._lost_error()
-
     async def release(self) -> bool:
-        """Give the lease back (held until ``lock_at_least``). Idempotent."""
+        """Give the lease back (held until ``lock_at_least``). Idempotent; returns whether
+        the store still knew the lease as ours."""
         if self._released:
             return False
         self._released = True
-        if self._task is not None and self._task is not asyncio.current_task():
-            self._task.cancel()
-        return await self._release_in_store()
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        released = await self._release_in_store()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "released %s (fence %d)",
+                self.name,
+                self.fence,
+                extra={"action": "lock_released", "lock": self.name, "fence": self.fence},
+            )
+        return released
 
     async def __aenter__(self) -> Self:
         self._owner = asyncio.current_task()
@@ -486,15 +311,264 @@ class AsyncLease(_LeaseBase):
         try:
             await self.release()
         except FleetcronError as error:
-            log.warning(
-                "releasing %s failed: %s (it expires at the end of its lease)",
-                self.name,
-                error,
-                extra={"action": "lock_release_failed", "lock": self.name},
-            )
+            _release_failed(self.name, error)
         if lost:
             task = asyncio.current_task()
             if self._cancelled_owner and task is not None:
                 task.uncancel()
             if exc is None or isinstance(exc, LeaseLost | asyncio.CancelledError):
                 raise self._lost_error() from exc
+
+
+def _release_failed(name: str, error: FleetcronError) -> None:
+    log.warning(
+        "releasing %s failed: %s (it expires at the end of its lease)",
+        name,
+        error,
+        extra={"action": "lock_release_failed", "lock": name},
+    )
+
+
+# -- the sync face --------------------------------------------------------------------------
+_inline = threading.local()
+
+
+def run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine of a lease's core to completion in this thread. Over an
+    :class:`InlineStore` it never suspends; if it did, that is a bug."""
+    _inline.active = True
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        _inline.active = False
+    coroutine.close()
+    raise RuntimeError("a lease operation driven inline waited on the event loop")
+
+
+class InlineStore:
+    """An :class:`~fleetcron.stores.base.AsyncStore` over a sync store, for a lease's core:
+    driven by :func:`run_inline` an operation runs in the caller's thread (no hop on the
+    hot path); on an event loop (the keepalive) it runs in a worker thread, so a renewal
+    that hangs never blocks the loop — the deadline still passes."""
+
+    def __init__(self, store: SyncStore) -> None:
+        self.sync = store
+
+    @property
+    def url(self) -> str:
+        return self.sync.url
+
+    @property
+    def capabilities(self) -> Capability:
+        return self.sync.capabilities
+
+    @property
+    def ops(self) -> Operations:
+        return self.sync.ops
+
+    async def run(self, operation: Operation[T]) -> T:
+        if getattr(_inline, "active", False):
+            return self.sync.run(operation)
+        return await asyncio.to_thread(self.sync.run, operation)
+
+    async def migrate(self) -> list[str]:
+        return self.sync.migrate()
+
+    async def close(self) -> None:
+        self.sync.close()
+
+
+PortalSource = Callable[[], Portal]
+"""Where a sync lease runs its keepalive: a fleet's shared portal."""
+
+
+class Lease:
+    """A held lease (sync): the face of an :class:`AsyncLease` core. Use as a context
+    manager to release on exit; the holder's thread is interrupted (``LeaseLost`` at its
+    next bytecode) when the lease is lost inside the ``with`` block."""
+
+    def __init__(
+        self,
+        store: SyncStore,
+        terms: LeaseTerms,
+        record: LeaseRecord,
+        *,
+        sent_us: int,
+        clock: Clock,
+        interrupt_thread: bool = True,
+        portal: PortalSource | None = None,
+    ) -> None:
+        self._core = self._make_core(
+            InlineStore(store), terms, record, sent_us=sent_us, clock=clock
+        )
+        self._portal_source = portal
+        self._portal: Portal | None = None
+        self._owns_portal = False
+        self.lost = threading.Event()
+        """Set when the lease is lost; long-running work can poll or wait on it."""
+        self._on_lost: list[Callable[[Lease], None]] = []
+        self._owner_thread = threading.get_ident() if interrupt_thread else None
+        self._guard = threading.Lock()
+        self._inside = False
+        self._interrupted = False
+        self._core.on_lost(self._core_lost)
+
+    def _make_core(
+        self, store: InlineStore, terms: LeaseTerms, record: LeaseRecord, **kw: Any
+    ) -> AsyncLease:
+        """The lease's core (a subclass of a face makes the matching core)."""
+        return AsyncLease(store, terms, record, **kw)
+
+    # -- what the lease is (the core's) -------------------------------------------------
+    @property
+    def terms(self) -> LeaseTerms:
+        return self._core.terms
+
+    @property
+    def record(self) -> LeaseRecord:
+        return self._core.record
+
+    @property
+    def clock(self) -> Clock:
+        return self._core.clock
+
+    @property
+    def name(self) -> str:
+        return self._core.name
+
+    @property
+    def namespace(self) -> str:
+        return self._core.namespace
+
+    @property
+    def fence(self) -> int:
+        """The fencing token: strictly greater than every token issued before for this name."""
+        return self._core.fence
+
+    @property
+    def holder(self) -> str:
+        return self._core.holder
+
+    @property
+    def deadline_us(self) -> int:
+        """Local monotonic deadline (µs) after which the lease is not trusted."""
+        return self._core.deadline_us
+
+    def remaining_us(self) -> int:
+        """Microseconds until the local deadline (negative when past)."""
+        return self._core.remaining_us()
+
+    @property
+    def is_lost(self) -> bool:
+        return self._core.is_lost
+
+    @property
+    def valid(self) -> bool:
+        """Held, not released, not lost and before the local deadline."""
+        return self._core.valid
+
+    def __repr__(self) -> str:
+        return repr(self._core).replace("AsyncLease", "Lease", 1)
+
+    # -- loss ------------------------------------------------------------------------------
+    def on_lost(self, callback: Callable[[Lease], None]) -> None:
+        """Call ``callback(lease)`` when the lease is lost (from the keepalive's thread, or
+        at once if it already is)."""
+        self._on_lost.append(callback)
+        if self.is_lost:
+            callback(self)
+
+    def _core_lost(self, _core: AsyncLease) -> None:
+        self.lost.set()
+        for callback in self._on_lost:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("on_lost callback failed", extra={"action": "callback_failed"})
+        with self._guard:
+            owner = self._owner_thread
+            if self._inside and owner is not None and owner != threading.get_ident():
+                self._interrupted = True
+                _raise_in_thread(owner, _interruption(self._core._lost_error()))
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the lease is lost or past its local deadline."""
+        self._core.check()
+
+    # -- keepalive and the store ------------------------------------------------------------
+    def start_keepalive(self) -> None:
+        """Start renewing on the portal (idempotent)."""
+        if self._portal is not None:
+            return
+        if self._portal_source is not None:
+            self._portal = self._portal_source()
+        else:
+            self._portal, self._owns_portal = Portal(f"fleetcron-keepalive:{self.name}"), True
+        self._portal.call_soon(self._core.start_keepalive)
+
+    def extend(self) -> None:
+        """Renew for another ``lock_at_most``. Raises :class:`LeaseLost` if refused."""
+        run_inline(self._core.extend())
+
+    def release(self) -> bool:
+        """Give the lease back (it stays held until ``lock_at_least``). Idempotent.
+
+        Returns whether the store still knew the lease as ours.
+        """
+        portal = self._portal
+        if portal is not None:
+            # No renewal may run after the release: stop the keepalive and wait for it.
+            with contextlib.suppress(RuntimeError):  # the portal was closed with its fleet
+                portal.call(self._core.stop_keepalive)
+            if self._owns_portal:
+                portal.close()
+        return run_inline(self._core.release())
+
+    def __enter__(self) -> Self:
+        with self._guard:
+            self._inside = True
+            if self._owner_thread is not None:
+                self._owner_thread = threading.get_ident()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with self._guard:
+            self._inside = False
+            if self._interrupted and self._owner_thread is not None:
+                _clear_pending(self._owner_thread)  # not delivered yet: we raise below instead
+        lost = self.is_lost
+        try:
+            self.release()
+        except FleetcronError as error:
+            _release_failed(self.name, error)
+        if lost and (exc is None or isinstance(exc, LeaseLost)):
+            raise self._core._lost_error() from exc
+
+
+def _interruption(error: LeaseLost) -> type[LeaseLost]:
+    # An exception raised in another thread is given as a class and instantiated there
+    # with no arguments, which LeaseLost (name required) does not allow: bind them here.
+    class LeaseInterrupted(LeaseLost):
+        def __init__(self) -> None:
+            super().__init__(error.name, error.message, fence=error.fence)
+
+    return LeaseInterrupted
+
+
+def _raise_in_thread(thread_id: int, exc_type: type[BaseException]) -> None:
+    # Interrupts pure-Python work in the holder's thread at its next bytecode; a blocking
+    # C call (socket read, sleep) finishes first. The lost event is the cooperative path.
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type)
+    )
+
+
+def _clear_pending(thread_id: int) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)

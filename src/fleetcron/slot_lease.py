@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from fleetcron.clock import Clock
-from fleetcron.lease import AsyncLease, Lease, LeaseTerms
+from fleetcron.lease import AsyncLease, InlineStore, Lease, LeaseTerms
 from fleetcron.models import LeaseRecord, RunOutcome, RunRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
 
@@ -42,58 +43,6 @@ def _renewed_record(record: LeaseRecord, run: RunRecord) -> LeaseRecord:
     return replace(record, expires_us=expires, now_us=run.now_us)
 
 
-class SlotLease(Lease):
-    """A claimed slot held like a lease (sync). Set :attr:`outcome` before :meth:`release`.
-
-    A cancellation asked for by another run (``overlap = cancel_other``) ends the lease
-    like a loss: the command is stopped.
-    """
-
-    def __init__(
-        self,
-        store: SyncStore,
-        terms: LeaseTerms,
-        run: RunRecord,
-        *,
-        sent_us: int,
-        clock: Clock,
-    ) -> None:
-        super().__init__(
-            store, terms, _slot_record(run, terms), sent_us=sent_us, clock=clock,
-            interrupt_thread=False,
-        )  # fmt: skip
-        self.run = run
-        self.outcome = RunOutcome(state="cancelled", error="ended without an outcome")
-        self.accepted: bool | None = None
-        self.cancel_requested = False
-        self._ledger = store.ops
-
-    def _renew_in_store(self) -> LeaseRecord | None:
-        run = self._store.run(
-            self._ledger.run_extend(
-                self.namespace,
-                self.run.job,
-                self.run.slot_us,
-                self.fence,
-                self.terms.lock_at_most_us,
-            )
-        )
-        if run is None:
-            return None
-        if run.cancel_requested and not self.cancel_requested:
-            self.cancel_requested = True
-            self._declare_lost(_CANCEL_REASON)
-        return _renewed_record(self.record, run)
-
-    def _release_in_store(self) -> bool:
-        self.accepted = self._store.run(
-            self._ledger.run_finish(
-                self.namespace, self.run.job, self.run.slot_us, self.fence, self.outcome
-            )
-        )
-        return self.accepted
-
-
 class AsyncSlotLease(AsyncLease):
     """A claimed slot held like a lease (asyncio): one run of the scheduler.
 
@@ -116,6 +65,8 @@ class AsyncSlotLease(AsyncLease):
         self.run = run
         self.outcome = RunOutcome(state="cancelled", error="ended without an outcome")
         self.cancel_requested = False
+        self.cancel_ends_lease = False
+        """A cancellation asked for by another run ends the lease like a loss."""
         self._on_cancel = on_cancel
         self._ledger = store.ops
 
@@ -135,6 +86,8 @@ class AsyncSlotLease(AsyncLease):
             self.cancel_requested = True
             if self._on_cancel is not None:
                 self._on_cancel()
+            if self.cancel_ends_lease:
+                self._declare_lost(_CANCEL_REASON)
         return _renewed_record(self.record, run)
 
     async def _release_in_store(self) -> bool:
@@ -149,3 +102,66 @@ class AsyncSlotLease(AsyncLease):
         (the fence is no longer current). Raises ``StoreError`` when the store failed."""
         self.outcome = outcome
         return await self.release()
+
+
+class SlotLease(Lease):
+    """A claimed slot held like a lease (sync): the face of an :class:`AsyncSlotLease`.
+    Set :attr:`outcome` before :meth:`release`; :attr:`accepted` then says whether the
+    store took it.
+
+    A cancellation asked for by another run (``overlap = cancel_other``) ends the lease
+    like a loss: the command is stopped.
+    """
+
+    def __init__(
+        self,
+        store: SyncStore,
+        terms: LeaseTerms,
+        run: RunRecord,
+        *,
+        sent_us: int,
+        clock: Clock,
+    ) -> None:
+        self._run = run
+        super().__init__(
+            store,
+            terms,
+            _slot_record(run, terms),
+            sent_us=sent_us,
+            clock=clock,
+            interrupt_thread=False,
+        )
+        self.accepted: bool | None = None
+
+    def _make_core(
+        self, store: InlineStore, terms: LeaseTerms, record: LeaseRecord, **kw: Any
+    ) -> AsyncSlotLease:
+        core = AsyncSlotLease(store, terms, self._run, **kw)
+        core.cancel_ends_lease = True
+        return core
+
+    @property
+    def slot(self) -> AsyncSlotLease:
+        """The core: the claimed run, its outcome, whether a cancellation was asked."""
+        assert isinstance(self._core, AsyncSlotLease)
+        return self._core
+
+    @property
+    def run(self) -> RunRecord:
+        return self.slot.run
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.slot.cancel_requested
+
+    @property
+    def outcome(self) -> RunOutcome:
+        return self.slot.outcome
+
+    @outcome.setter
+    def outcome(self, outcome: RunOutcome) -> None:
+        self.slot.outcome = outcome
+
+    def release(self) -> bool:
+        self.accepted = super().release()
+        return self.accepted
