@@ -510,7 +510,8 @@ def _repeat_note(schedule: CronSchedule, slot_us: int, local: datetime) -> tuple
         return "repeat-second", f"repeated {wall} after DST ended: second occurrence"
     other = local.replace(fold=1).utcoffset()
     this = local.utcoffset()
-    assert other is not None and this is not None
+    assert other is not None
+    assert this is not None
     twin = slot_us + (this - other) // _ONE_US
     if schedule.next_after(twin - 1) == twin:
         return "repeat-first", f"{wall} occurs twice as DST ends; runs at both, this is the first"

@@ -22,13 +22,17 @@ async def test_async_try_lock_returns_a_lease_or_none_when_held(async_fleet: Asy
     lease = await async_fleet.try_lock("job", keepalive=False)
 
     assert isinstance(lease, AsyncLease)
-    assert lease.valid and lease.name == "job"
+    assert lease.valid
+    assert lease.name == "job"
     assert await async_fleet.try_lock("job", keepalive=False) is None
     record = await async_fleet.get("job")
-    assert record is not None and record.held and record.fence == lease.fence
+    assert record is not None
+    assert record.held
+    assert record.fence == lease.fence
     assert await lease.release() is True
     again = await async_fleet.try_lock("job", keepalive=False)
-    assert again is not None and again.fence > lease.fence
+    assert again is not None
+    assert again.fence > lease.fence
     assert await again.release()
 
 
@@ -39,10 +43,13 @@ async def test_async_lock_raises_lock_busy_when_held_and_releases_on_exit(
         with pytest.raises(LockBusy):
             await async_fleet.lock("job", keepalive=False)
         record = await async_fleet.get("job")
-        assert record is not None and record.held and record.fence == lease.fence
+        assert record is not None
+        assert record.held
+        assert record.fence == lease.fence
 
     record = await async_fleet.get("job")
-    assert record is not None and not record.held
+    assert record is not None
+    assert not record.held
 
 
 class RefusalWatch:
@@ -56,7 +63,7 @@ class RefusalWatch:
         self.refused = asyncio.Event()
 
     async def run(self, operation: Operation[Any]) -> Any:
-        kind = operation.__name__
+        kind = getattr(operation, "__name__", "")
         result = await self.inner.run(operation)
         if kind == "lease_acquire" and result is None:
             self.refused.set()
@@ -73,7 +80,7 @@ async def test_async_wait_blocks_until_the_holder_releases_then_succeeds(
     async_fleet: AsyncFleet,
 ) -> None:
     watched = RefusalWatch(async_fleet.store)
-    fleet = AsyncFleet(watched, namespace=async_fleet.namespace)  # type: ignore[arg-type]
+    fleet = AsyncFleet(watched, namespace=async_fleet.namespace)
     holder = await fleet.try_lock("job", keepalive=False)
     assert holder is not None
     started = time.monotonic()
@@ -84,7 +91,8 @@ async def test_async_wait_blocks_until_the_holder_releases_then_succeeds(
     assert await holder.release()
     taken = await asyncio.wait_for(waiter, 10)
 
-    assert taken is not None and taken.fence > holder.fence
+    assert taken is not None
+    assert taken.fence > holder.fence
     assert time.monotonic() - started < 10
     assert await taken.release()
 
@@ -107,7 +115,8 @@ async def test_async_locked_runs_when_free_and_skips_when_held(async_fleet: Asyn
     async def work(value: int) -> int:
         calls.append(value)
         record = await async_fleet.get("job")
-        assert record is not None and record.held
+        assert record is not None
+        assert record.held
         return value * 2
 
     assert await work(1) == 2
@@ -131,10 +140,12 @@ async def test_async_keepalive_renews_the_lease_past_its_original_lock_at_most(
                 break
             await asyncio.sleep(0.05)
 
-        assert record.held and record.fence == original.fence
+        assert record.held
+        assert record.fence == original.fence
         assert record.expires_us > original.expires_us
         assert await async_fleet.try_lock("job", keepalive=False) is None
-        assert lease.valid and not lease.lost.is_set()
+        assert lease.valid
+        assert not lease.lost.is_set()
 
 
 async def test_an_async_lease_taken_over_is_lost_and_the_async_with_raises_lease_lost(
@@ -157,9 +168,12 @@ async def test_an_async_lease_taken_over_is_lost_and_the_async_with_raises_lease
             pytest.fail("the work kept running on a lost lease")
 
     assert raised.value.name == "job"
-    assert lease.lost.is_set() and not lease.valid
+    assert lease.lost.is_set()
+    assert not lease.valid
     record = await async_fleet.get("job")
-    assert record is not None and record.fence == taken.fence
+    assert record is not None
+    assert taken is not None
+    assert record.fence == taken.fence
 
 
 async def test_async_locked_cancels_the_work_when_the_lease_is_lost(

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
-from contract_support import acquire, must_acquire, row, wait_for_store_time
 
+from contract.contract_support import acquire, must_acquire, row, wait_for_store_time
 from fleetcron import Fleet
 from fleetcron.stores import SyncStore
 from fleetcron.stores.memory import MemoryStore
@@ -17,7 +16,7 @@ SKEW_S = 600  # the client's wall clock runs 10 minutes ahead
 
 
 @pytest.fixture
-def skewed_client_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+def skewed_client_clock(monkeypatch: pytest.MonkeyPatch) -> int:
     """Move this process's wall clock (``time.time``/``time.time_ns``) 10 minutes ahead.
 
     Yields the real time (µs) at the moment of the skew. The monotonic clock is left alone:
@@ -26,7 +25,7 @@ def skewed_client_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     real_time, real_time_ns = time.time, time.time_ns
     monkeypatch.setattr(time, "time", lambda: real_time() + SKEW_S)
     monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + SKEW_S * 1_000_000_000)
-    yield real_time_ns() // 1_000
+    return real_time_ns() // 1_000
 
 
 def test_a_client_clock_ten_minutes_ahead_neither_frees_a_lease_early_nor_shifts_its_times(
@@ -69,7 +68,8 @@ def test_a_skewed_client_clock_does_not_change_what_the_lock_api_does(
     assert lease.remaining_us() > 8_000_000  # the local deadline is monotonic, not wall time
     assert fleet.try_lock("job", lock_at_most="10s", keepalive=False) is None
     record = fleet.get("job")
-    assert record is not None and record.held
+    assert record is not None
+    assert record.held
     assert lease.release()
 
 

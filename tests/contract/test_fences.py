@@ -6,8 +6,8 @@ import itertools
 import urllib.parse
 
 import pytest
-from contract_support import eventually, must_acquire, release, wait_for_store_time
 
+from contract.contract_support import eventually, must_acquire, release, wait_for_store_time
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.memory import MemoryStore
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from contract_support import must_acquire, release
-from ledgerworker import work
 
+from contract.contract_support import must_acquire, release
+from contract.ledgerworker import work
 from fleetcron.models import (
     CLAIM_STATUSES,
     FINAL_STATES,
@@ -359,7 +359,8 @@ def test_a_batch_answers_every_claim_in_input_order_with_the_run_or_the_reason(
         ("bravo", s1, "b1"),
     ]
     assert all(r.state == "running" and r.attempt == 1 for r in claimed)
-    starts = [r.started_us for r in claimed]
+    starts = [r.started_us or 0 for r in claimed]
+    assert all(starts), "a claimed run has started"
     assert starts == sorted(starts), "claims are decided in input order, at the store's clock"
     assert claimed[2].fence < claimed[3].fence, "each claim moves the job's fence"
     assert ledger.must_lease("bravo").fence == claimed[3].fence
@@ -548,7 +549,8 @@ def test_a_running_attempt_whose_lease_expired_is_claimed_as_the_next_attempt_wi
     assert second.fence > first.fence
     assert second.started_us == second.now_us >= first.expires_us  # type: ignore[operator]
     assert second.expires_us == second.now_us + LONG
-    assert second.error is not None and "attempt 1 lost" in second.error
+    assert second.error is not None
+    assert "attempt 1 lost" in second.error
     assert (second.finished_us, second.cancel_requested) == (None, False)
     lease = ledger.must_lease("job")
     assert (lease.holder, lease.fence, lease.held) == ("h2", second.fence, True)
@@ -763,8 +765,10 @@ def test_a_slot_without_a_row_claimed_past_its_deadline_is_recorded_missed_not_r
         "schedule",
     )
     assert row.error == MISSED_ERROR
-    assert row.finished_us is not None and row.finished_us >= now
-    assert row.started_us is None and row.expires_us is None
+    assert row.finished_us is not None
+    assert row.finished_us >= now
+    assert row.started_us is None
+    assert row.expires_us is None
     lease = ledger.lease("job")
     assert lease is None or not lease.held, "a missed slot takes no lease"
     assert ledger.must_job("job").high_water_us == s2, "a missed slot is schedule progress"
@@ -939,7 +943,8 @@ def test_extend_leaves_a_job_lease_with_another_fence_or_expired_alone(ledger: L
     first = ledger.must_claim("job", s1, exclusive=False)
     second = ledger.must_claim("job", s2, exclusive=False)
     lease = ledger.must_lease("job")
-    assert lease.fence == second.fence and not lease.held
+    assert lease.fence == second.fence
+    assert not lease.held
 
     assert ledger.extend(first) is not None  # the lease carries another fence
     assert ledger.extend(second) is not None  # the lease carries this fence but is not held
@@ -964,7 +969,8 @@ def test_run_cancel_flags_the_jobs_unexpired_running_attempts_and_extend_reports
     assert ledger.cancel("job") == 2
 
     renewed = ledger.extend(first)
-    assert renewed is not None and renewed.cancel_requested
+    assert renewed is not None
+    assert renewed.cancel_requested
     assert ledger.must_get("job", s3).cancel_requested
     assert stored(ledger.must_get("job", s3)) == stored(
         dataclasses.replace(second, cancel_requested=True)
@@ -975,7 +981,8 @@ def test_run_cancel_flags_the_jobs_unexpired_running_attempts_and_extend_reports
     assert ledger.cancel("nobody") == 0
     assert ledger.cancel("other") == 1
     renewed = ledger.extend(other)
-    assert renewed is not None and renewed.cancel_requested
+    assert renewed is not None
+    assert renewed.cancel_requested
 
 
 def test_a_new_attempt_starts_without_the_previous_attempts_cancel_request(
@@ -1124,7 +1131,8 @@ def test_finish_does_not_release_a_job_lease_carrying_another_fence(ledger: Ledg
     beside = ledger.must_claim("job", s1, exclusive=False)  # the lease row stays unheld
     holding = ledger.must_claim("job", s2, holder="h2")  # takes the lease with a newer fence
     lease = ledger.must_lease("job")
-    assert lease.held and lease.fence == holding.fence
+    assert lease.held
+    assert lease.fence == holding.fence
 
     assert ledger.finish(beside)
 
@@ -1159,7 +1167,8 @@ def test_finish_sets_the_jobs_last_success_and_last_failure(ledger: Ledger) -> N
     lost = finish(runs[3], "lost")
     job = ledger.must_job("job")
     assert (job.last_success_us, job.last_failure_us) == (succeeded, lost)
-    assert json.loads(job.definition) == {} and job.fingerprint == "fp"
+    assert json.loads(job.definition) == {}
+    assert job.fingerprint == "fp"
 
 
 # -- run_record, run_list, run_prune ----------------------------------------------------
@@ -1340,9 +1349,12 @@ def test_job_register_of_many_jobs_answers_each_in_input_order(ledger: Ledger) -
     befores = ledger.store.run(ledger.ops.job_register(ledger.namespace, registered))
 
     assert len(befores) == len(registered)
-    assert befores[0] is None and all(before is None for before in befores[2:9])
-    assert befores[1] is not None and befores[1].fingerprint == "fp-b0"
-    assert befores[9] is not None and befores[9].fingerprint == "fp-7", "seen earlier"
+    assert befores[0] is None
+    assert all(before is None for before in befores[2:9])
+    assert befores[1] is not None
+    assert befores[1].fingerprint == "fp-b0"
+    assert befores[9] is not None, "seen earlier"
+    assert befores[9].fingerprint == "fp-7", "seen earlier"
     rows = {row.job: row for row in ledger.store.run(ledger.ops.job_list(ledger.namespace))}
     assert {name: (row.definition, row.fingerprint) for name, row in rows.items()} == {
         name: (definition, fp) for name, definition, fp in registered
@@ -1356,12 +1368,14 @@ def test_job_register_keeps_the_paused_flag_and_the_progress(ledger: Ledger) -> 
     assert ledger.pause("job")
     ok = ledger.must_claim("job", s2, trigger="manual", exclusive=False)
     bad = ledger.must_claim("job", s1, trigger="manual", exclusive=False)
-    assert ledger.finish(ok) and ledger.finish(bad, "failed")
+    assert ledger.finish(ok)
+    assert ledger.finish(bad, "failed")
     progress = ledger.must_job("job")
 
     previous = ledger.register("job", '{"x":1}', "fp-2")
 
-    assert previous is not None and stored(previous) == stored(progress)
+    assert previous is not None
+    assert stored(previous) == stored(progress)
     row = ledger.must_job("job")
     assert row.paused
     assert progress.high_water_us is None  # manual runs are not schedule progress
@@ -1382,7 +1396,8 @@ def test_job_register_of_a_job_first_seen_by_a_claim_returns_the_row_the_claim_c
 
     previous = ledger.register("job", '{"a":1}', "fp")
 
-    assert previous is not None and stored(previous) == stored(created)
+    assert previous is not None
+    assert stored(previous) == stored(created)
     assert ledger.must_job("job").high_water_us == slot
 
 

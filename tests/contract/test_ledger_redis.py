@@ -114,8 +114,10 @@ def test_a_claim_is_a_running_attempt_with_the_job_fence(rs: RedisStore, namespa
         f"run-{slot}",
         "schedule",
     )
-    assert run.started_us == run.now_us and run.expires_us == run.now_us + LONG
-    assert run.fence >= run.now_us and not run.cancel_requested
+    assert run.started_us == run.now_us
+    assert run.expires_us == run.now_us + LONG
+    assert run.fence >= run.now_us
+    assert not run.cancel_requested
     assert (run.finished_us, run.retry_at_us, run.exit_code, run.error, run.output) == (None,) * 5
     assert stored(get(rs, namespace, "backup", slot)) == stored(run)
     held = lease(rs, namespace, "backup")
@@ -218,9 +220,11 @@ def test_an_expired_attempt_is_claimed_again_then_closed_as_lost(
     wait_until(rs, first.expires_us)
 
     second = one(rs, namespace, "backup", slot, ttl_us=SHORT, max_attempts=2)
-    assert second.attempt == 2 and second.fence > first.fence
+    assert second.attempt == 2
+    assert second.fence > first.fence
     assert second.error == f"attempt 1 lost: {LOST_ERROR}"
-    assert second.run_id == f"run-{slot}" and second.started_us == second.now_us
+    assert second.run_id == f"run-{slot}"
+    assert second.started_us == second.now_us
     assert second.expires_us is not None
     wait_until(rs, second.expires_us)
 
@@ -233,7 +237,8 @@ def test_an_expired_attempt_is_claimed_again_then_closed_as_lost(
         None,
         LOST_ERROR,
     )
-    assert lost.finished_us is not None and lost.finished_us >= second.expires_us
+    assert lost.finished_us is not None
+    assert lost.finished_us >= second.expires_us
     assert claim(rs, namespace, retry) == []  # lost is final
 
 
@@ -244,7 +249,8 @@ def test_a_failed_attempt_with_a_retry_is_claimed_again_once_retry_at_has_come(
     first = one(rs, namespace, "backup", slot, max_attempts=2)
     assert finish(rs, namespace, first, "failed", exit_code=3, error="boom", retry_after_us=300_000)
     failed = get(rs, namespace, "backup", slot)
-    assert failed.retry_at_us is not None and failed.finished_us is not None
+    assert failed.retry_at_us is not None
+    assert failed.finished_us is not None
     assert failed.retry_at_us == failed.finished_us + 300_000
 
     retry = SlotClaim(job="backup", slot_us=slot, run_id="again", max_attempts=2)
@@ -257,7 +263,8 @@ def test_a_failed_attempt_with_a_retry_is_claimed_again_once_retry_at_has_come(
         None,
         None,
     )
-    assert second.retry_at_us is None and second.finished_us is None
+    assert second.retry_at_us is None
+    assert second.finished_us is None
     assert second.fence > first.fence
 
     assert finish(rs, namespace, second, "failed", retry_after_us=0)
@@ -323,7 +330,8 @@ def test_extend_renews_the_attempt_and_the_job_lease_with_its_fence(
     run = one(rs, namespace, "backup", slot, ttl_us=1_000_000)
 
     renewed = rs.run(rs.ops.run_extend(namespace, "backup", slot, run.fence, LONG))
-    assert renewed is not None and renewed.expires_us == renewed.now_us + LONG
+    assert renewed is not None
+    assert renewed.expires_us == renewed.now_us + LONG
     assert lease(rs, namespace, "backup").expires_us == renewed.now_us + LONG
     assert rs.run(rs.ops.run_extend(namespace, "backup", slot, run.fence - 1, LONG)) is None
     assert rs.run(rs.ops.run_extend(namespace, "backup", slot + 1, run.fence, LONG)) is None
@@ -340,7 +348,8 @@ def test_cancel_asks_the_unexpired_running_attempts(rs: RedisStore, namespace: s
 
     assert rs.run(rs.ops.run_cancel(namespace, "backup")) == 1
     renewed = rs.run(rs.ops.run_extend(namespace, "backup", base, running.fence, LONG))
-    assert renewed is not None and renewed.cancel_requested
+    assert renewed is not None
+    assert renewed.cancel_requested
     assert not get(rs, namespace, "backup", base + 1).cancel_requested
     assert rs.run(rs.ops.run_cancel(namespace, "nothing")) == 0
 
@@ -361,11 +370,14 @@ def test_finish_records_the_outcome_and_releases_the_job_lease(
         None,
         None,
     )
-    assert done.output == "é" * 4_096 and done.finished_us is not None
+    assert done.output == "é" * 4_096
+    assert done.finished_us is not None
     released = lease(rs, namespace, "backup")
-    assert released.expires_us == done.finished_us and not released.held
+    assert released.expires_us == done.finished_us
+    assert not released.held
     job = rs.run(rs.ops.job_get(namespace, "backup"))
-    assert job is not None and job.last_success_us == done.finished_us
+    assert job is not None
+    assert job.last_success_us == done.finished_us
     assert job.last_failure_us is None
 
     again = one(rs, namespace, "backup", slot + 1)  # the lease is free again
@@ -377,9 +389,12 @@ def test_finish_keeps_the_lease_until_least(rs: RedisStore, namespace: str) -> N
 
     assert finish(rs, namespace, run, "failed", error="boom")
     row = lease(rs, namespace, "backup")
-    assert row.expires_us == row.min_until_us and row.held
+    assert row.expires_us == row.min_until_us
+    assert row.held
     job = rs.run(rs.ops.job_get(namespace, "backup"))
-    assert job is not None and job.last_failure_us is not None and job.last_success_us is None
+    assert job is not None
+    assert job.last_failure_us is not None
+    assert job.last_success_us is None
 
 
 def test_finish_with_an_old_fence_or_after_expiry_is_refused_and_changes_nothing(
@@ -399,7 +414,9 @@ def test_finish_with_an_old_fence_or_after_expiry_is_refused_and_changes_nothing
     assert stored(get(rs, namespace, "backup", slot)) == stored(run)
     assert replace(lease(rs, namespace, "backup"), now_us=0) == replace(before_lease, now_us=0)
     job = rs.run(rs.ops.job_get(namespace, "backup"))
-    assert job is not None and job.last_success_us is None and job.last_failure_us is None
+    assert job is not None
+    assert job.last_success_us is None
+    assert job.last_failure_us is None
     assert not rs.run(
         rs.ops.run_finish(namespace, "backup", slot + 1, run.fence, RunOutcome(state="failed"))
     )
@@ -420,7 +437,8 @@ def test_a_paused_job_is_claimed_by_a_manual_trigger_not_by_its_schedule(
 
     assert rs.run(rs.ops.job_set_paused(namespace, "backup", False))
     job = rs.run(rs.ops.job_get(namespace, "backup"))
-    assert job is not None and not job.paused
+    assert job is not None
+    assert not job.paused
     assert finish(rs, namespace, run, "succeeded")
     assert one(rs, namespace, "backup", slot + 1).trigger == "schedule"
 
@@ -438,7 +456,8 @@ def test_record_inserts_a_final_row_and_never_overwrites(rs: RedisStore, namespa
         0,
         None,
     )
-    assert missed.finished_us is not None and missed.expires_us is None
+    assert missed.finished_us is not None
+    assert missed.expires_us is None
     assert claim(rs, namespace, SlotClaim(job="backup", slot_us=base, run_id="r")) == []
 
     running = one(rs, namespace, "backup", base + 1)
@@ -560,7 +579,7 @@ def test_store_now_is_the_servers_clock(rs: RedisStore, backend_url: str) -> Non
 def writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Every packed write a sync Redis connection sends: one per round trip."""
     sent: list[bytes] = []
-    original = redis.connection.AbstractConnection.send_packed_command
+    original: Any = redis.connection.AbstractConnection.send_packed_command
 
     def counting(self: Any, command: Any, check_health: bool = True) -> None:
         sent.append(command)

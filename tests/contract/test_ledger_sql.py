@@ -109,7 +109,8 @@ def test_a_claim_returns_the_attempt_and_takes_the_job_lease_with_its_fence(
 
     assert run is not None
     assert (run.state, run.attempt, run.holder, run.trigger) == ("running", 1, HOLDER, "schedule")
-    assert run.started_us == run.now_us and run.expires_us == run.now_us + LONG_US
+    assert run.started_us == run.now_us
+    assert run.expires_us == run.now_us + LONG_US
     assert run.fence >= run.now_us
     assert _same(get(store, namespace, "job", slot), run)
     lease = store.run(store.ops.lease_get(namespace, job_lease_name("job")))
@@ -118,7 +119,9 @@ def test_a_claim_returns_the_attempt_and_takes_the_job_lease_with_its_fence(
     assert lease.expires_us == run.now_us + LONG_US
     assert lease.min_until_us == run.now_us + 2_000_000
     job = store.run(ledger(store).job_get(namespace, "job"))
-    assert job is not None and job.high_water_us == slot and job.definition == "{}"
+    assert job is not None
+    assert job.high_water_us == slot
+    assert job.definition == "{}"
 
 
 def _fields(run: RunRecord) -> dict[str, object]:
@@ -126,7 +129,8 @@ def _fields(run: RunRecord) -> dict[str, object]:
 
 
 def _same(left: RunRecord | None, right: RunRecord | None) -> bool:
-    assert left is not None and right is not None
+    assert left is not None
+    assert right is not None
     a, b = _fields(left), _fields(right)
     a.pop("now_us"), b.pop("now_us")
     return a == b
@@ -210,7 +214,8 @@ def test_eight_processes_claiming_the_same_slots_at_once_claim_each_exactly_once
     assert sorted((job, slot) for job, slot, _, _ in claimed) == sorted(map(tuple, slots))
     for job, slot, fence, run_id in claimed:
         row = get(store, namespace, job, slot)
-        assert row is not None and (row.fence, row.run_id, row.attempt) == (fence, run_id, 1)
+        assert row is not None
+        assert (row.fence, row.run_id, row.attempt) == (fence, run_id, 1)
     fences = sorted(fence for job, _, fence, _ in claimed if job == "job-1")
     assert len(set(fences)) == 2  # the non-exclusive job's fence moved once per claim
 
@@ -224,7 +229,8 @@ def test_a_finished_slot_is_never_claimed_again(store: SyncStore, namespace: str
     assert one(store, namespace, "job", slot, max_attempts=5) is None
     assert one(store, namespace, "job", slot, trigger="manual", max_attempts=5) is None
     row = get(store, namespace, "job", slot)
-    assert row is not None and (row.state, row.attempt) == ("succeeded", 1)
+    assert row is not None
+    assert (row.state, row.attempt) == ("succeeded", 1)
 
 
 def test_an_expired_attempt_is_claimed_again_then_closed_as_lost_when_attempts_run_out(
@@ -249,7 +255,8 @@ def test_an_expired_attempt_is_claimed_again_then_closed_as_lost_when_attempts_r
     lost = get(store, namespace, "job", slot)
     assert lost is not None
     assert (lost.state, lost.attempt, lost.expires_us, lost.error) == ("lost", 2, None, LOST_ERROR)
-    assert second.expires_us is not None and lost.finished_us is not None
+    assert second.expires_us is not None
+    assert lost.finished_us is not None
     assert lost.finished_us >= second.expires_us
     assert one(store, namespace, "job", slot, max_attempts=9) is None  # final: never again
 
@@ -263,7 +270,8 @@ def test_a_failed_attempt_with_a_retry_is_claimed_again_after_retry_at(
     outcome = RunOutcome(state="failed", exit_code=3, error="boom", retry_after_us=SHORT_US)
     assert finish(store, first, outcome)
     failed = get(store, namespace, "job", slot)
-    assert failed is not None and failed.finished_us is not None
+    assert failed is not None
+    assert failed.finished_us is not None
     assert failed.retry_at_us == failed.finished_us + SHORT_US
     assert (failed.exit_code, failed.error) == (3, "boom")
 
@@ -278,7 +286,9 @@ def test_a_failed_attempt_with_a_retry_is_claimed_again_after_retry_at(
     wait_until(store, now_us(store) + SHORT_US)
     assert one(store, namespace, "job", slot, max_attempts=2) is None  # attempts used up
     job = store.run(ledger(store).job_get(namespace, "job"))
-    assert job is not None and job.last_failure_us is not None and job.last_success_us is None
+    assert job is not None
+    assert job.last_failure_us is not None
+    assert job.last_success_us is None
 
 
 def test_an_exclusive_claim_waits_for_the_job_lease_but_a_non_exclusive_one_does_not(
@@ -292,7 +302,8 @@ def test_an_exclusive_claim_waits_for_the_job_lease_but_a_non_exclusive_one_does
     assert get(store, namespace, "job", now - 2) is None
     shared = one(store, namespace, "job", now - 1, exclusive=False)
 
-    assert shared is not None and shared.fence > held.fence
+    assert shared is not None
+    assert shared.fence > held.fence
     lease = store.run(store.ops.lease_get(namespace, job_lease_name("job")))
     assert lease is not None
     assert (lease.holder, lease.fence, lease.expires_us) == (OTHER, shared.fence, held.expires_us)
@@ -319,10 +330,12 @@ def test_a_late_or_foreign_finish_is_refused_and_changes_nothing(
 
     assert _same(get(store, namespace, "job", slot), before)
     lease_after = store.run(store.ops.lease_get(namespace, job_lease_name("job")))
-    assert lease_before is not None and lease_after is not None
+    assert lease_before is not None
+    assert lease_after is not None
     assert (lease_after.expires_us, lease_after.fence) == (lease_before.expires_us, run.fence)
     job = store.run(ledger(store).job_get(namespace, "job"))
-    assert job is not None and job.last_success_us is None
+    assert job is not None
+    assert job.last_success_us is None
 
 
 def test_extend_renews_the_attempt_and_the_lease_and_finish_releases_the_lease(
@@ -334,18 +347,24 @@ def test_extend_renews_the_attempt_and_the_lease_and_finish_releases_the_lease(
 
     extended = store.run(ledger(store).run_extend(namespace, "job", slot, run.fence, LONG_US))
 
-    assert extended is not None and extended.expires_us == extended.now_us + LONG_US
+    assert extended is not None
+    assert extended.expires_us == extended.now_us + LONG_US
     lease = store.run(store.ops.lease_get(namespace, job_lease_name("job")))
-    assert lease is not None and lease.expires_us == extended.expires_us
+    assert lease is not None
+    assert lease.expires_us == extended.expires_us
     assert finish(store, run, RunOutcome(state="succeeded", output="x" * 5000 + "tail"))
     released = store.run(store.ops.lease_get(namespace, job_lease_name("job")))
-    assert released is not None and not released.held
+    assert released is not None
+    assert not released.held
     done = get(store, namespace, "job", slot)
-    assert done is not None and done.output is not None
-    assert len(done.output) == 4096 and done.output.endswith("tail")
+    assert done is not None
+    assert done.output is not None
+    assert len(done.output) == 4096
+    assert done.output.endswith("tail")
     assert (done.state, done.expires_us, done.retry_at_us) == ("succeeded", None, None)
     job = store.run(ledger(store).job_get(namespace, "job"))
-    assert job is not None and job.last_success_us == done.finished_us
+    assert job is not None
+    assert job.last_success_us == done.finished_us
     assert one(store, namespace, "job", slot - 1) is not None  # the lease is free again
 
 
@@ -363,7 +382,8 @@ def test_a_paused_job_is_not_claimed_by_its_schedule_but_is_by_hand(
     assert get(store, namespace, "job", slot) is None
     manual = one(store, namespace, "job", slot, trigger="manual")
 
-    assert manual is not None and manual.trigger == "manual"
+    assert manual is not None
+    assert manual.trigger == "manual"
 
 
 def test_run_record_inserts_once_and_never_overwrites(store: SyncStore, namespace: str) -> None:
@@ -395,7 +415,8 @@ def test_run_record_inserts_once_and_never_overwrites(store: SyncStore, namespac
         ledger(store).run_record(namespace, "later", now - 3, "skipped", None, "schedule")
     )
     later = store.run(ledger(store).job_get(namespace, "later"))
-    assert later is not None and later.high_water_us == now - 3
+    assert later is not None
+    assert later.high_water_us == now - 3
 
 
 def test_run_list_is_newest_first_and_prune_keeps_running_rows(
@@ -440,13 +461,15 @@ def test_run_cancel_flags_unexpired_running_attempts(store: SyncStore, namespace
     now = now_us(store)
     live = one(store, namespace, "job", now - 2, exclusive=False)
     short = one(store, namespace, "job", now - 1, exclusive=False, ttl_us=SHORT_US)
-    assert live is not None and short is not None
+    assert live is not None
+    assert short is not None
     wait_until(store, short.now_us + SHORT_US)
 
     assert store.run(ledger(store).run_cancel(namespace, "job")) == 1
 
     renewed = store.run(ledger(store).run_extend(namespace, "job", now - 2, live.fence, LONG_US))
-    assert renewed is not None and renewed.cancel_requested
+    assert renewed is not None
+    assert renewed.cancel_requested
 
 
 def test_job_register_returns_the_previous_row_and_keeps_pause_and_progress(
@@ -476,16 +499,19 @@ def test_high_water_only_moves_forward(store: SyncStore, namespace: str) -> None
     )
 
     job = store.run(ledger(store).job_get(namespace, "job"))
-    assert job is not None and job.high_water_us == now - 10
+    assert job is not None
+    assert job.high_water_us == now - 10
     assert one(store, namespace, "job", now - 5, exclusive=False) is not None
     job = store.run(ledger(store).job_get(namespace, "job"))
-    assert job is not None and job.high_water_us == now - 5
+    assert job is not None
+    assert job.high_water_us == now - 5
 
 
 def test_names_round_trip_exactly(store: SyncStore, namespace: str) -> None:
     job = "Jöb 🚀 ÿ"
     run = one(store, namespace, job, now_us(store) - 1)
-    assert run is not None and run.job == job
+    assert run is not None
+    assert run.job == job
     assert one(store, namespace, job.upper(), now_us(store) - 1) is not None  # no case folding
     assert {r.job for r in store.run(ledger(store).run_list(namespace, None, 10))} == {
         job,

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from contract_support import row, wait_for_store_time
 
+from contract.contract_support import row, wait_for_store_time
 from fleetcron import Fleet, Lease, LeaseLost, LockBusy, StoreUnavailable
 from fleetcron.models import LeaseRecord
 from fleetcron.stores import SyncStore
@@ -31,7 +31,7 @@ class WatchedStore:
         self.unreachable_for_extend = False
 
     def run(self, operation: Operation[Any]) -> Any:
-        kind = operation.__name__
+        kind = getattr(operation, "__name__", "")
         if kind == "lease_extend" and self.refuse_extend:
             operation.close()
             return None
@@ -57,7 +57,7 @@ def watched(store: SyncStore) -> WatchedStore:
 
 @pytest.fixture
 def watched_fleet(watched: WatchedStore, namespace: str) -> Iterator[Fleet]:
-    with Fleet(watched, namespace=namespace) as fleet:  # type: ignore[arg-type]
+    with Fleet(watched, namespace=namespace) as fleet:
         yield fleet
 
 
@@ -65,12 +65,15 @@ def test_try_lock_returns_a_lease_or_none_when_held(fleet: Fleet) -> None:
     lease = fleet.try_lock("job", keepalive=False)
 
     assert isinstance(lease, Lease)
-    assert lease.valid and lease.name == "job" and lease.namespace == fleet.namespace
+    assert lease.valid
+    assert lease.name == "job"
+    assert lease.namespace == fleet.namespace
     assert fleet.try_lock("job", keepalive=False) is None
     assert lease.release() is True
     assert not lease.valid
     again = fleet.try_lock("job", keepalive=False)
-    assert again is not None and again.fence > lease.fence
+    assert again is not None
+    assert again.fence > lease.fence
     assert again.release()
 
 
@@ -83,10 +86,13 @@ def test_lock_as_a_context_manager_raises_lock_busy_when_held_and_releases_on_ex
                 pytest.fail("entered a held lock")
         assert busy.value.name == "job"
         record = fleet.get("job")
-        assert record is not None and record.held and record.fence == lease.fence
+        assert record is not None
+        assert record.held
+        assert record.fence == lease.fence
 
     record = fleet.get("job")
-    assert record is not None and not record.held
+    assert record is not None
+    assert not record.held
 
 
 def test_lock_at_least_keeps_the_lock_taken_after_the_with_block(fleet: Fleet) -> None:
@@ -113,7 +119,8 @@ def test_wait_blocks_until_the_holder_releases_then_succeeds(
     assert holder.release()
     waiter.join(timeout=10)
 
-    assert got and got[0] is not None
+    assert got
+    assert got[0] is not None
     assert got[0].fence > holder.fence
     assert time.monotonic() - started < 10
     got[0].release()
@@ -135,7 +142,8 @@ def test_the_locked_decorator_runs_when_free_and_skips_when_held(fleet: Fleet) -
     def work(value: int) -> int:
         calls.append(value)
         record = fleet.get("job")
-        assert record is not None and record.held  # runs under the lease
+        assert record is not None
+        assert record.held
         return value * 2
 
     assert work(1) == 2
@@ -175,14 +183,17 @@ def test_keepalive_renews_the_lease_past_its_original_lock_at_most(
         # Past the original expiry by the store's clock, by more than one renewal period.
         later = wait_for_store_time(store, fleet.namespace, "job", original.expires_us + 300_000)
 
-        assert later.held and later.fence == original.fence
+        assert later.held
+        assert later.fence == original.fence
         assert later.expires_us > original.expires_us
         assert fleet.try_lock("job", keepalive=False) is None
-        assert lease.valid and not lease.lost.is_set()
+        assert lease.valid
+        assert not lease.lost.is_set()
         lease.check()
 
     record = fleet.get("job")
-    assert record is not None and not record.held
+    assert record is not None
+    assert not record.held
 
 
 def test_without_keepalive_the_lease_ends_at_lock_at_most(fleet: Fleet, store: SyncStore) -> None:
@@ -196,7 +207,8 @@ def test_without_keepalive_the_lease_ends_at_lock_at_most(fleet: Fleet, store: S
     with pytest.raises(LeaseLost):
         lease.check()
     taken = fleet.try_lock("job", keepalive=False)
-    assert taken is not None and taken.fence > lease.fence
+    assert taken is not None
+    assert taken.fence > lease.fence
 
 
 def test_a_lease_taken_over_reports_lost_and_leaving_the_with_block_raises_lease_lost(
@@ -219,10 +231,14 @@ def test_a_lease_taken_over_reports_lost_and_leaving_the_with_block_raises_lease
 
     assert raised.value.name == "job"
     assert raised.value.fence == lease.fence
-    assert lease.lost.is_set() and lease.is_lost and not lease.valid
+    assert lease.lost.is_set()
+    assert lease.is_lost
+    assert not lease.valid
     assert successor[0].fence > lease.fence
     record = fleet.get("job")
-    assert record is not None and record.held and record.fence == successor[0].fence
+    assert record is not None
+    assert record.held
+    assert record.fence == successor[0].fence
 
 
 def test_a_refused_renewal_sets_lost_and_raises_lease_lost_on_leaving_the_with_block(
@@ -279,4 +295,6 @@ def test_a_holder_that_cannot_renew_gives_the_lease_up_before_the_store_expires_
 
     # The holder stopped trusting the lease while the store still held it for it: nobody
     # else could have had it yet (the local deadline is send time + ttl - margin).
-    assert at_loss and at_loss[0].held and at_loss[0].fence == lease.fence
+    assert at_loss
+    assert at_loss[0].held
+    assert at_loss[0].fence == lease.fence

@@ -9,8 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from lockworker import contend
-
+from contract.lockworker import contend
 from fleetcron import Fleet
 from fleetcron.stores.memory import MemoryStore
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from contract_support import must_acquire, row
 
+from contract.contract_support import must_acquire, row
 from fleetcron import ConfigurationError, Fleet
 from fleetcron.names import MAX_NAME_LENGTH, MAX_NAMESPACE_LENGTH
 from fleetcron.stores import SyncStore
@@ -83,7 +83,8 @@ def test_two_unicode_spellings_of_one_name_are_one_lock(fleet: Fleet) -> None:
     assert lease.name == "caf\u00e9"
     assert fleet.try_lock("caf\u00e9", keepalive=False) is None
     record = fleet.get("cafe\u0301")
-    assert record is not None and record.name == "caf\u00e9"
+    assert record is not None
+    assert record.name == "caf\u00e9"
 
 
 @pytest.mark.parametrize(

@@ -51,15 +51,15 @@ def fresh_url(backend_url: str, tmp_path: Path) -> Iterator[str]:
 
         args = connect_args(parse_store_url(backend_url))
         args.pop("init_command", None)
-        admin = pymysql.connect(**args)
+        my_admin = pymysql.connect(**args)
         try:
-            with admin.cursor() as cur:
+            with my_admin.cursor() as cur:
                 cur.execute(f"CREATE DATABASE `{database}`")
             yield _with_database(backend_url, database)
         finally:
-            with admin.cursor() as cur:
+            with my_admin.cursor() as cur:
                 cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
-            admin.close()
+            my_admin.close()
         return
     yield backend_url  # memory and Redis keep no schema
 

@@ -41,7 +41,11 @@ CROSS_PROCESS_BACKENDS = pytest.mark.parametrize(
 
 
 def wait_for(
-    condition: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.02, what: str = ""
+    condition: Callable[[], T | None],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str = "",
 ) -> T:
     """Poll ``condition`` until it returns something truthy; fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout

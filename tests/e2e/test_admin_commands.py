@@ -40,7 +40,8 @@ def test_locks_shows_name_holder_and_fence_but_never_the_holder_token(
     assert row["fence"] == fence
     assert row["held"] is True
     host, pid = row["holder"].split(":")
-    assert host == socket.gethostname() and int(pid) > 0
+    assert host == socket.gethostname()
+    assert int(pid) > 0
     assert 0 < row["expires_in_s"] <= 60
 
     table = cli.run("locks")
@@ -81,7 +82,8 @@ def test_migrate_is_idempotent_and_keeps_leases(cli: Cli) -> None:
         assert result.returncode == 0, result.stderr
         assert "up to date" in result.stdout
     after = cli.lease("kept")
-    assert before is not None and after is not None
+    assert before is not None
+    assert after is not None
     stable = ("name", "holder", "fence", "held", "acquired_at", "expires_at")
     assert {k: after[k] for k in stable} == {k: before[k] for k in stable}
 

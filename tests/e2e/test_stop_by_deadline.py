@@ -81,7 +81,8 @@ def test_a_daemon_run_that_ignores_sigterm_is_killed_before_its_lease_expires(
             f"the command of fence {run.fence} was alive {(last - expiry) / 1e6:.3f}s after "
             "its lease expired in the store"
         )
-        assert run.state == "cancelled" and run.error == "lock_at_most elapsed", run
+        assert run.state == "cancelled", run
+        assert run.error == "lock_at_most elapsed", run
 
 
 @CROSS_PROCESS_BACKENDS

@@ -39,7 +39,8 @@ def test_after_sigkill_others_skip_until_expiry_then_run_with_a_higher_fence(
     assert skipped.returncode == 0, skipped.stderr
     assert not marker.exists(), "ran while the dead holder's lease was still valid"
     still = cli.held("sweep")
-    assert still is not None and still["fence"] == first_fence, "skip was not before expiry"
+    assert still is not None, "skip was not before expiry"
+    assert still["fence"] == first_fence, "skip was not before expiry"
     # By the store's clock the dead holder's lease ends at most --lock-at-most after its last
     # renewal (a timing bound measured here would only measure how loaded the machine is).
     assert still["expires_in_s"] <= 2.0, "the lease outlives --lock-at-most"

@@ -29,7 +29,8 @@ async def test_an_async_fleet_starts_stops_and_lists_the_runs_of_its_jobs() -> N
     await fleet.stop()
 
     runs = await fleet.runs("tick")
-    assert runs and runs[0].state == "succeeded"
+    assert runs
+    assert runs[0].state == "succeeded"
     assert [r.slot_us for r in await fleet.runs(limit=1)] == [runs[0].slot_us]
 
 
@@ -59,7 +60,8 @@ async def test_an_async_fleet_hands_out_its_scheduler_unstarted() -> None:
 
     scheduler = fleet.scheduler(concurrency=2, shutdown_grace_s=1.0)
     assert isinstance(scheduler, AsyncScheduler)
-    assert scheduler.options.concurrency == 2 and scheduler.options.namespace == NS
+    assert scheduler.options.concurrency == 2
+    assert scheduler.options.namespace == NS
     assert scheduler.running == []
 
 

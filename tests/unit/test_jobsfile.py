@@ -156,7 +156,8 @@ def test_call_modules_are_found_next_to_the_jobs_file_and_sys_path_is_restored(
     job = load_jobs_file(path).jobs[0]
 
     assert sys.path == before
-    assert isinstance(job.target, CallTarget) and job.target.function(None) == "ran"
+    assert isinstance(job.target, CallTarget)
+    assert job.target.function(None) == "ran"
 
 
 def test_the_example_jobs_file_loads() -> None:
@@ -164,7 +165,8 @@ def test_the_example_jobs_file_loads() -> None:
 
     assert {job.name for job in loaded.jobs} >= {"heartbeat", "tick"}
     tick = loaded.job("tick")
-    assert isinstance(tick.target, CallTarget) and tick.target.reference == "jobs_demo:tick"
+    assert isinstance(tick.target, CallTarget)
+    assert tick.target.reference == "jobs_demo:tick"
     assert loaded.backend is None  # the SQLite default
 
 
@@ -193,7 +195,8 @@ def test_fingerprint_of_a_call_uses_the_reference_not_the_object() -> None:
     b = job_spec("j", where="test", every="1m", call=run)
     c = job_spec("j", where="test", every="1m", call=other)
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
-    assert isinstance(a.target, CallTarget) and a.target.reference.endswith(":" + run.__qualname__)
+    assert isinstance(a.target, CallTarget)
+    assert a.target.reference.endswith(":" + run.__qualname__)
 
 
 # --- bad input: every error names the file, the job and the key -------------------------------
@@ -419,7 +422,8 @@ def test_job_spec_accepts_python_values() -> None:
     assert spec.lock_at_most_us == 5 * MINUTE
     assert spec.lock_at_least_us == 30 * SECOND
     assert spec.timeout_us is None
-    assert isinstance(spec.target, CallTarget) and spec.target.function is run
+    assert isinstance(spec.target, CallTarget)
+    assert spec.target.function is run
 
 
 def test_job_spec_errors_name_where_job_and_key() -> None:
@@ -440,7 +444,8 @@ def test_job_spec_errors_name_where_job_and_key() -> None:
 def test_job_spec_imports_call_strings_relative_to_base_dir(tmp_path: Path) -> None:
     module = module_named(tmp_path, "def go(ctx):\n    return 1\n")
     spec = job_spec("j", where="api", base_dir=tmp_path, every="1m", call=f"{module}:go")
-    assert isinstance(spec.target, CallTarget) and spec.target.function(None) == 1
+    assert isinstance(spec.target, CallTarget)
+    assert spec.target.function(None) == 1
 
 
 def test_job_spec_at_accepts_aware_and_naive_datetimes() -> None:

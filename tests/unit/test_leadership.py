@@ -59,8 +59,10 @@ async def test_a_resigned_term_lets_a_standby_lead_at_once_without_a_lost_signal
     await first.resign(term)
 
     taken = await second.campaign()
-    assert taken is not None and taken.fence > term.fence
-    assert not first.signals.elected.is_set() and not first.signals.lost.is_set()
+    assert taken is not None
+    assert taken.fence > term.fence
+    assert not first.signals.elected.is_set()
+    assert not first.signals.lost.is_set()
     await second.resign(taken)
 
 
@@ -73,7 +75,8 @@ async def test_a_term_whose_renewal_is_refused_ends_with_the_lost_signal() -> No
 
     await asyncio.wait_for(leader.signals.lost.wait(), 5)
 
-    assert term.is_lost and not leader.signals.elected.is_set()
+    assert term.is_lost
+    assert not leader.signals.elected.is_set()
     await leader.resign(term)
 
 

@@ -56,7 +56,8 @@ def test_next_marks_the_repeated_hour(capsys: pytest.CaptureFixture[str]) -> Non
 
     assert "runs at both, this is the first" in lines[0]
     assert "second occurrence" in lines[1]
-    assert "EDT" in lines[0] and "EST" in lines[1]
+    assert "EDT" in lines[0]
+    assert "EST" in lines[1]
     assert lines[2] == "2025-11-02T07:00:00Z  2025-11-02 02:00:00-05:00 EST"
 
 
@@ -88,7 +89,8 @@ def test_next_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert [row["slot"] for row in rows] == ["2025-09-07T04:00:00Z", "2025-09-08T03:00:00Z"]
     assert rows[0]["local"] == "2025-09-07T01:00:00-03:00"
     assert rows[0]["dst"] == "gap-shifted"
-    assert rows[1]["dst"] is None and rows[1]["note"] is None
+    assert rows[1]["dst"] is None
+    assert rows[1]["note"] is None
 
 
 def test_next_without_after_starts_from_now(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from fakes import FakeExecute
 
 from fleetcron.models import LeaseRecord, SlotClaim
 from fleetcron.stores.base import SqlResult, Statement, drive, drive_async
@@ -27,6 +26,7 @@ from fleetcron.stores.sqlops import (
     split_statements,
 )
 from fleetcron.stores.statements import KeyScan, Query, QueryBatch, Script, fan_out
+from unit.fakes import FakeExecute
 
 DIALECTS = ("sqlite", "postgres", "mysql")
 ROW = ("job", "host:1:abc", 7, 1_000, 2_000, 1_500, 1_200)
@@ -91,7 +91,7 @@ def test_mysql_acquire_of_a_new_name_creates_the_row_then_acquires_once_more() -
 
     assert record == replace(RECORD, now_us=1_000)
     assert execute.names == ["lease_acquire", "lease_create", "lease_acquire"]
-    assert execute.statements[1].params == {"namespace": "ns", "name": "job"}
+    assert execute.statements[1] == Query("lease_create", {"namespace": "ns", "name": "job"})
 
 
 def test_extend_is_refused_when_the_update_matched_nothing_even_if_a_row_came_back() -> None:
@@ -108,7 +108,8 @@ def test_sql_rows_from_binary_columns_and_numeric_types_map_to_text_and_int() ->
 
     assert record is not None
     assert (record.name, record.holder, record.fence) == ("naïve ☃", "host:1:abc", 7)
-    assert type(record.fence) is int and type(record.acquired_us) is int
+    assert type(record.fence) is int
+    assert type(record.acquired_us) is int
 
 
 def test_sql_extend_binds_holder_fence_and_length_and_maps_the_row() -> None:
@@ -165,7 +166,7 @@ def test_sql_list_maps_every_row_in_the_order_the_store_sorted_them() -> None:
     assert listed[0] == RECORD
     assert drive(SQL.lease_list("ns"), execute) == []
     assert execute.names == ["lease_list", "lease_list"]
-    assert execute.statements[0].params == {"namespace": "ns"}
+    assert execute.statements[0] == Query("lease_list", {"namespace": "ns"})
 
 
 @pytest.mark.parametrize(
@@ -199,12 +200,14 @@ def test_sql_claim_answers_each_slot_from_its_one_row_of_status_and_run_columns(
     answers = drive(SqlLedger().run_claim("ns", claims, "h", 1), execute)
 
     assert [(a.job, a.status) for a in answers] == [("a", "busy"), ("b", "claimed"), ("c", "taken")]
-    assert answers[0].run is None and answers[2].run is None
+    assert answers[0].run is None
+    assert answers[2].run is None
     run = answers[1].run
     assert run is not None
     assert (run.job, run.fence, run.run_id, run.expires_us, run.now_us) == ("b", 9, "r-b", 6, 5)
     [statement] = execute.statements
-    assert isinstance(statement, QueryBatch) and statement.name == "run_claim"
+    assert isinstance(statement, QueryBatch)
+    assert statement.name == "run_claim"
     assert [p["job"] for p in statement.batch] == ["a", "b", "c"]
 
 
@@ -405,7 +408,7 @@ def test_a_failing_statement_propagates_and_closes_the_operation() -> None:
     operation = _two_step()
 
     def fail(statement: Statement) -> Any:
-        raise RuntimeError(f"store failed on {statement.name}")
+        raise RuntimeError(f"store failed on {getattr(statement, 'name', statement)}")
 
     with pytest.raises(RuntimeError, match="store failed on one"):
         drive(operation, fail)

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import redis
-from fakes import FakeExecute
 from redis.crc import key_slot
 
 from fleetcron.models import JobRecord, RunOutcome, RunRecord, SlotClaim, job_lease_name
@@ -33,6 +32,7 @@ from fleetcron.stores.redis import (
     slots_key,
 )
 from fleetcron.stores.statements import KeyScan, Script, ScriptCalls, fan_out
+from unit.fakes import FakeExecute
 
 REDIS = RedisOperations()
 NS = "ns"
@@ -141,10 +141,13 @@ def test_the_job_scan_pattern_matches_job_rows_only() -> None:
         )
         return re.fullmatch(regex, key) is not None
 
-    assert matches(job_key("a*b", "x")) and matches(job_key("a*b", "x}:job"))
+    assert matches(job_key("a*b", "x"))
+    assert matches(job_key("a*b", "x}:job"))
     assert not matches(lease_key("a*b", "fleetcron:job:x"))
-    assert not matches(run_key("a*b", "x", 1)) and not matches(slots_key("a*b", "x"))
-    assert not matches(job_key("a*bc", "x")) and not matches(job_key("a-b", "x"))
+    assert not matches(run_key("a*b", "x", 1))
+    assert not matches(slots_key("a*b", "x"))
+    assert not matches(job_key("a*bc", "x"))
+    assert not matches(job_key("a-b", "x"))
 
 
 # -- run_claim ---------------------------------------------------------------------------
@@ -272,7 +275,8 @@ def test_a_reclaimed_row_maps_its_note_and_every_optional_field() -> None:
         7_500,
         "naïve ☃",
     )
-    assert type(run.fence) is int and type(run.slot_us) is int
+    assert type(run.fence) is int
+    assert type(run.slot_us) is int
 
 
 # -- the other run operations ----------------------------------------------------------------
@@ -281,7 +285,8 @@ def test_extend_binds_fence_and_length_on_the_lease_and_the_run_row() -> None:
 
     renewed = drive(REDIS.run_extend(NS, "backup", 1_000, 7_000, 30_000), execute)
 
-    assert renewed is not None and renewed.cancel_requested
+    assert renewed is not None
+    assert renewed.cancel_requested
     assert drive(REDIS.run_extend(NS, "backup", 1_000, 6_999, 30_000), execute) is None
     assert execute.statements[0] == Script("run_extend", (LEASE, RUN), (7_000, 30_000))
 
@@ -504,7 +509,8 @@ def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
 def test_every_script_documents_its_keys_arguments_and_reply(name: str) -> None:
     body = SCRIPTS[name].removeprefix(_NOW).removeprefix(_LEDGER).lstrip("\n")
     header = "\n".join(re.findall(r"^--.*$", body.split("\nlocal")[0].split("\nif")[0], re.M))
-    assert "KEYS" in header and "returns" in header, name
+    assert "KEYS" in header, name
+    assert "returns" in header, name
     if "ARGV[" in body:
         assert "ARGV" in header, name
 
@@ -584,7 +590,8 @@ def test_calls_refused_for_an_unknown_script_are_sent_again_after_loading_it() -
     statement = fan_out("run_claim", ("a", "b"), (1,))
 
     assert store._execute(statement) == [["a", 1], ["b", 1]]
-    assert len(client.round_trips) == 2 and script.sha == "sha-of-lua"
+    assert len(client.round_trips) == 2
+    assert script.sha == "sha-of-lua"
 
 
 def test_an_error_reply_in_a_batch_is_raised() -> None:

@@ -71,7 +71,8 @@ async def test_every_slot_runs_exactly_once_across_three_replicas() -> None:
     rows = ledger(store, "tick")
     assert sorted(r.slot_us for r in rows if r.state == "succeeded") == sorted(slots)
     fences = [fence for _, fence in sorted(seen)]
-    assert fences == sorted(fences) and len(set(fences)) == len(fences)
+    assert fences == sorted(fences)
+    assert len(set(fences)) == len(fences)
     # consecutive slots 200ms apart: nothing was skipped between the first and the last
     assert max(slots) - min(slots) == 200_000 * (len(slots) - 1)
 
@@ -137,7 +138,8 @@ async def test_slots_missed_while_every_replica_was_down_follow_the_catchup_poli
     else:
         for slot in ran:  # only an on-time slot may run; late ones are missed
             started = rows[slot].started_us
-            assert started is not None and started - slot <= 6_000_000
+            assert started is not None
+            assert started - slot <= 6_000_000
         assert len(ran) <= 1
 
 
@@ -158,11 +160,13 @@ async def test_a_replica_that_falls_behind_records_late_slots_missed_instead_of_
     rows = ledger(store, "slow")
     ran = [r for r in rows if r.state == "succeeded"]
     missed = [r for r in rows if r.state == "missed"]
-    assert ran and missed
+    assert ran
+    assert missed
     assert {r.state for r in rows} <= {"succeeded", "missed"}
     assert all(r.error == MISSED_ERROR and r.attempt == 0 for r in missed)
     for run in ran:  # nothing started past its deadline: on time or not at all
-        assert run.started_us is not None and run.started_us - run.slot_us <= tolerance
+        assert run.started_us is not None
+        assert run.started_us - run.slot_us <= tolerance
 
 
 async def test_a_failed_run_is_retried_with_the_next_attempt_and_a_higher_fence() -> None:
@@ -183,7 +187,8 @@ async def test_a_failed_run_is_retried_with_the_next_attempt_and_a_higher_fence(
         assert (first, second) == (1, 2)
         assert fence2 > fence1
         row = store.run(store.ops.run_get(NS, "flaky", slot))
-        assert row is not None and (row.state, row.attempt) == ("succeeded", 2)
+        assert row is not None
+        assert (row.state, row.attempt) == ("succeeded", 2)
     assert all(len(tries) <= 2 for tries in attempts.values())  # retries = 1: two attempts
 
 
@@ -221,7 +226,8 @@ async def test_a_replica_recovers_its_own_due_rows_behind_many_of_jobs_it_does_n
 
     assert seen == [ours]
     row = store.run(store.ops.run_get(NS, "daily", ours))
-    assert row is not None and (row.state, row.trigger) == ("succeeded", "manual")
+    assert row is not None
+    assert (row.state, row.trigger) == ("succeeded", "manual")
     assert all(r.state == "queued" for r in ledger(store, "removed"))
 
 
@@ -236,7 +242,8 @@ async def test_a_paused_job_is_not_run_and_its_slots_are_recorded_as_skipped() -
 
     assert calls == []
     rows = ledger(store, "quiet")
-    assert rows and all(r.state == "skipped" and r.error == "job paused" for r in rows)
+    assert rows
+    assert all(r.state == "skipped" and r.error == "job paused" for r in rows)
 
 
 async def test_a_run_past_its_timeout_is_cancelled_and_recorded_as_failed() -> None:
@@ -248,7 +255,8 @@ async def test_a_run_past_its_timeout_is_cancelled_and_recorded_as_failed() -> N
     await run_replicas(store, [spec("stuck", stuck, every="1s", timeout="200ms")], 1.6)
 
     failed = [r for r in ledger(store, "stuck") if r.state == "failed"]
-    assert failed and all(r.error == "timed out" for r in failed)
+    assert failed
+    assert all(r.error == "timed out" for r in failed)
 
 
 class Unplugged(AsyncMemoryStore):
@@ -312,7 +320,8 @@ async def test_buffer_one_runs_the_newest_waiting_slot_after_the_running_one() -
     assert [r.slot_us for r in done] == sorted(starts)[: len(done)]
     # A buffered slot starts when the previous run ends, never alongside it.
     for before, after in itertools.pairwise(done):
-        assert after.started_us is not None and before.finished_us is not None
+        assert after.started_us is not None
+        assert before.finished_us is not None
         assert after.started_us >= before.finished_us
     superseded = [r for r in rows if r.state == "skipped"]
     assert all("superseded" in (r.error or "") for r in superseded)
@@ -363,7 +372,8 @@ async def test_sifting_drops_fresh_slots_others_have_and_keeps_retries_and_recov
             NS, [_claim("a", s2, exclusive=False, max_attempts=2)], "other", 60_000_000
         )
     )
-    assert held.run is not None and failed.run is not None
+    assert held.run is not None
+    assert failed.run is not None
     outcome = RunOutcome(state="failed", retry_after_us=1)
     assert store.run(store.ops.run_finish(NS, "a", s2, failed.run.fence, outcome))
     scheduler = AsyncScheduler(
@@ -436,7 +446,8 @@ async def test_won_claims_start_even_when_recording_a_refusal_fails() -> None:
     await asyncio.gather(*tasks)
     assert ran.is_set()
     row = store.run(store.ops.run_get(NS, "b", slot))
-    assert row is not None and row.state == "succeeded"
+    assert row is not None
+    assert row.state == "succeeded"
 
 
 @pytest.mark.parametrize(

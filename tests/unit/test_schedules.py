@@ -70,7 +70,8 @@ def test_next_after_walks_the_same_slots_as_slots_between(case: dict[str, Any]) 
     walked = []
     for _ in case["expected"]:
         slot = schedule.next_after(moment)
-        assert slot is not None and slot > moment
+        assert slot is not None
+        assert slot > moment
         walked.append(utc(slot))
         moment = slot
     assert walked == [entry["utc"] for entry in case["expected"]]
@@ -149,7 +150,8 @@ def test_min_interval_covers_a_year_of_dst_transitions(
 
 def test_min_interval_of_every_and_at() -> None:
     assert EverySchedule(30 * SECOND).min_interval_us() == 30 * SECOND
-    assert AtSchedule(at("2030-01-01T00:00:00Z")).min_interval_us() is None
+    one_off: Schedule = AtSchedule(at("2030-01-01T00:00:00Z"))
+    assert one_off.min_interval_us() is None
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -265,7 +267,8 @@ def test_jitter_stays_within_bounds_and_spreads_out() -> None:
 
     assert all(0 <= value <= limit for value in values)
     assert len(set(values)) > 450
-    assert min(values) < limit / 10 and max(values) > limit * 9 / 10
+    assert min(values) < limit / 10
+    assert max(values) > limit * 9 / 10
 
 
 def test_jitter_differs_between_jobs_and_is_zero_without_a_maximum() -> None:

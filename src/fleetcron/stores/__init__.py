@@ -16,6 +16,7 @@ __all__ = [
     "SyncStore",
     "open_async_store",
     "open_store",
+    "parse_store_url",
     "resolve_backend",
 ]
 
