@@ -18,7 +18,8 @@ import pytest
 
 from fleetcron.models import SlotClaim
 from fleetcron.stores import open_async_store, open_store, parse_store_url
-from fleetcron.stores.postgres import PostgresStore
+from fleetcron.stores.sql.operations import claim_params
+from fleetcron.stores.sql.postgres import PostgresStore
 from services import require_service
 
 MINUTE = 60_000_000
@@ -164,3 +165,52 @@ async def test_racing_batch_claims_keep_every_slot_once_under_a_serializable_def
     finally:
         for store in stores:
             await store.close()
+
+
+def test_replicas_of_the_previous_and_the_new_schema_version_share_a_store(
+    namespace: str,
+) -> None:
+    """A rolling upgrade: a replica still on schema version 4 calls fleetcron_run_claim,
+    an upgraded one fleetcron_run_claim_v2, on the same slots; each slot runs once."""
+    url = require_service("postgres")
+    store = open_store(parse_store_url(url))  # migrated to the newest version
+    assert isinstance(store, PostgresStore)
+    new_text = store.queries["run_claim"]
+    old_text = new_text.replace("fleetcron_run_claim_v2(", "fleetcron_run_claim(")
+    assert old_text != new_text
+    now = store.run(store.ops.store_now())
+    slot = now - now % MINUTE - MINUTE
+    jobs = [f"job-{n}" for n in range(40)]
+    won: dict[str, list[str]] = {"old": [], "new": []}
+    errors: list[BaseException] = []
+
+    def replica(version: str, text: str, order: list[str]) -> None:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                for job in order:
+                    claim = SlotClaim(job=job, slot_us=slot, run_id=f"{version}-{job}")
+                    params = claim_params(namespace, claim, f"host:{version}", 60_000_000)
+                    row = conn.execute(text, params).fetchone()
+                    assert row is not None
+                    if row[0] == "claimed":
+                        won[version].append(job)
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [
+            threading.Thread(target=replica, args=("old", old_text, jobs)),
+            threading.Thread(target=replica, args=("new", new_text, jobs[::-1])),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors
+        assert sorted(won["old"] + won["new"]) == sorted(jobs), "every slot claimed once"
+        assert won["old"], "the old replica claimed nothing: the race did not happen"
+        assert won["new"], "the new replica claimed nothing: the race did not happen"
+        rows = {r.job: r for r in store.run(store.ops.run_list(namespace, None, 100))}
+        assert all(rows[job].state == "running" for job in jobs)
+    finally:
+        store.close()

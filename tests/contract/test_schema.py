@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import urllib.parse
@@ -13,7 +14,7 @@ import pytest
 
 from fleetcron import AsyncFleet, Fleet, SchemaError
 from fleetcron.stores import SyncStore, open_store, parse_store_url
-from fleetcron.stores.sqlops import load_migrations
+from fleetcron.stores.sql.files import load_migrations
 
 SQL_BACKENDS = pytest.mark.parametrize(
     "backend_url", ["sqlite", "postgres", "mysql"], indirect=True
@@ -25,13 +26,13 @@ def _with_database(url: str, database: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
 
 
-@pytest.fixture
-def fresh_url(backend_url: str, tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def fresh_database(backend_url: str, tmp_path: Path) -> Iterator[str]:
     """The URL of an empty store of the same backend: a new file or database."""
     kind = parse_store_url(backend_url).kind
     database = f"fleetcron_fresh_{uuid.uuid4().hex[:12]}"
     if kind == "sqlite":
-        yield f"sqlite://{tmp_path / 'fresh.db'}"
+        yield f"sqlite://{tmp_path / f'{database}.db'}"
         return
     if kind == "postgres":
         import psycopg
@@ -47,7 +48,7 @@ def fresh_url(backend_url: str, tmp_path: Path) -> Iterator[str]:
     if kind == "mysql":
         import pymysql
 
-        from fleetcron.stores.mysql import connect_args
+        from fleetcron.stores.sql.mysql import connect_args
 
         args = connect_args(parse_store_url(backend_url))
         args.pop("init_command", None)
@@ -62,6 +63,13 @@ def fresh_url(backend_url: str, tmp_path: Path) -> Iterator[str]:
             my_admin.close()
         return
     yield backend_url  # memory and Redis keep no schema
+
+
+@pytest.fixture
+def fresh_url(backend_url: str, tmp_path: Path) -> Iterator[str]:
+    """The URL of an empty store of the same backend: a new file or database."""
+    with fresh_database(backend_url, tmp_path) as url:
+        yield url
 
 
 def test_migrate_is_idempotent(store: SyncStore, namespace: str) -> None:

@@ -17,14 +17,10 @@ import pytest
 
 from fleetcron.models import LeaseRecord, SlotClaim
 from fleetcron.stores.base import SqlResult, Statement, drive, drive_async
-from fleetcron.stores.redis import SCRIPTS, RedisOperations, _namespace_pattern, lease_key
-from fleetcron.stores.sqlops import (
-    SqlLedger,
-    SqlOperations,
-    load_migrations,
-    load_queries,
-    split_statements,
-)
+from fleetcron.stores.redis.operations import RedisOperations, _namespace_pattern, lease_key
+from fleetcron.stores.redis.scripts import SCRIPTS
+from fleetcron.stores.sql.files import load_migrations, load_queries, split_statements
+from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
 from fleetcron.stores.statements import KeyScan, Query, QueryBatch, Script, fan_out
 from unit.fakes import FakeExecute
 
@@ -371,7 +367,7 @@ def test_every_redis_statement_is_a_script_or_a_scan() -> None:
     drive(REDIS.lease_prune("ns", 1, False), execute)
 
     for name in execute.names:
-        assert name == "scan" or name.removesuffix("[]") in SCRIPTS, name
+        assert name == "scan" or name in SCRIPTS, name
 
 
 def test_redis_keys_are_hash_tagged_and_unambiguous() -> None:
@@ -418,9 +414,9 @@ def test_a_failing_statement_propagates_and_closes_the_operation() -> None:
 def test_every_backend_implements_every_operation() -> None:
     from fleetcron.stores.base import Operations
     from fleetcron.stores.memory import MemoryOperations
-    from fleetcron.stores.mysql import MysqlOperations
-    from fleetcron.stores.postgres import PostgresOperations
-    from fleetcron.stores.sqlite_ops import SqliteOperations
+    from fleetcron.stores.sql.mysql import MysqlOperations
+    from fleetcron.stores.sql.postgres import PostgresOperations
+    from fleetcron.stores.sql.sqlite_operations import SqliteOperations
 
     names = {
         name

@@ -18,12 +18,8 @@ from redis.crc import key_slot
 from fleetcron.models import JobRecord, RunOutcome, RunRecord, SlotClaim, job_lease_name
 from fleetcron.stores.base import drive
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
-from fleetcron.stores.redis import (
-    _LEDGER,
-    _NOW,
-    SCRIPTS,
+from fleetcron.stores.redis.operations import (
     RedisOperations,
-    RedisStore,
     _jobs_pattern,
     _namespace_pattern,
     job_key,
@@ -31,6 +27,8 @@ from fleetcron.stores.redis import (
     run_key,
     slots_key,
 )
+from fleetcron.stores.redis.scripts import SCRIPT_BLOCKS, SCRIPTS
+from fleetcron.stores.redis.store import RedisStore
 from fleetcron.stores.statements import KeyScan, Script, ScriptCalls, fan_out
 from unit.fakes import FakeExecute
 
@@ -502,12 +500,12 @@ def test_every_ledger_statement_is_a_script_or_a_scan() -> None:
 
     assert len(execute.names) == 18
     for name in execute.names:
-        assert name == "scan" or name.removesuffix("[]") in SCRIPTS, name
+        assert name == "scan" or name in SCRIPTS, name
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_every_script_documents_its_keys_arguments_and_reply(name: str) -> None:
-    body = SCRIPTS[name].removeprefix(_NOW).removeprefix(_LEDGER).lstrip("\n")
+    body = SCRIPT_BLOCKS[name].text
     header = "\n".join(re.findall(r"^--.*$", body.split("\nlocal")[0].split("\nif")[0], re.M))
     assert "KEYS" in header, name
     assert "returns" in header, name

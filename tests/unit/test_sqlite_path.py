@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleetcron.errors import ConfigurationError
-from fleetcron.stores.sqlite import check_sqlite_path, filesystem_type
+from fleetcron.stores.sql.sqlite import check_sqlite_path, filesystem_type
 
 
 def _mountinfo(tmp_path: Path, *mounts: tuple[str, str]) -> Path:

@@ -45,21 +45,21 @@ def open_store(url: StoreURL, *, auto_migrate: bool = True) -> SyncStore:
 
         return MemoryStore()
     if url.kind == "sqlite":
-        from fleetcron.stores.sqlite import SqliteStore
+        from fleetcron.stores.sql.sqlite import SqliteStore
 
         assert url.path is not None
         default = url.path == default_sqlite_path()
         return SqliteStore(url, auto_migrate=auto_migrate, create_parent=default)
     try:
         if url.kind == "postgres":
-            from fleetcron.stores.postgres import PostgresStore
+            from fleetcron.stores.sql.postgres import PostgresStore
 
             return PostgresStore(url, auto_migrate=auto_migrate)
         if url.kind == "mysql":
-            from fleetcron.stores.mysql import MysqlStore
+            from fleetcron.stores.sql.mysql import MysqlStore
 
             return MysqlStore(url, auto_migrate=auto_migrate)
-        from fleetcron.stores.redis import RedisStore
+        from fleetcron.stores.redis.store import RedisStore
 
         return RedisStore(url)
     except ImportError as exc:
@@ -75,19 +75,19 @@ async def open_async_store(url: StoreURL) -> AsyncStore:
 
     try:
         if url.kind == "postgres":
-            from fleetcron.stores.postgres import AsyncPostgresStore
+            from fleetcron.stores.sql.postgres import AsyncPostgresStore
 
             pg = AsyncPostgresStore(url)
             await pg.open()
             return pg
         if url.kind == "mysql":
-            from fleetcron.stores.mysql_async import AsyncMysqlStore
+            from fleetcron.stores.sql.mysql_async import AsyncMysqlStore
 
             my = AsyncMysqlStore(url)
             await my.open()
             return my
         if url.kind == "redis":
-            from fleetcron.stores.redis import AsyncRedisStore
+            from fleetcron.stores.redis.store import AsyncRedisStore
 
             rd = AsyncRedisStore(url)
             await rd.open()

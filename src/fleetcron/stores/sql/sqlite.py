@@ -21,8 +21,8 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, Operation, SqlResult, drive
-from fleetcron.stores.sqlite_ops import SqliteOperations
-from fleetcron.stores.sqlstore import SqlSyncStore, store_error
+from fleetcron.stores.sql.runner import SqlSyncStore, store_error
+from fleetcron.stores.sql.sqlite_operations import SqliteOperations
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["NETWORK_FILESYSTEMS", "SqliteStore", "check_sqlite_path", "filesystem_type"]

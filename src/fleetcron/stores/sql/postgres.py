@@ -14,10 +14,9 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
-from fleetcron.stores.async_sqlstore import AsyncSqlStore
 from fleetcron.stores.base import Capability, SqlResult
-from fleetcron.stores.sqlops import SqlLedger, SqlOperations
-from fleetcron.stores.sqlstore import SqlSyncStore, store_error
+from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
+from fleetcron.stores.sql.runner import AsyncSqlStore, SqlSyncStore, store_error
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncPostgresStore", "PostgresOperations", "PostgresStore"]

@@ -3,7 +3,7 @@ dollar-quoted body, so a PL/pgSQL function is one statement."""
 
 from __future__ import annotations
 
-from fleetcron.stores.sqlops import load_migrations, split_statements
+from fleetcron.stores.sql.files import load_migrations, split_statements
 
 
 def test_plain_statements_split_at_lines_ending_with_a_semicolon() -> None:

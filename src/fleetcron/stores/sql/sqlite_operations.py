@@ -31,7 +31,7 @@ from fleetcron.stores.ledger import (
     new_job,
     recorded_run,
 )
-from fleetcron.stores.sqlops import SqlLedger, SqlOperations
+from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
 from fleetcron.stores.statements import Query
 
 __all__ = ["SqliteOperations"]

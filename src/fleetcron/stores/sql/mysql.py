@@ -21,8 +21,8 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, SqlResult
-from fleetcron.stores.sqlops import SqlLedger, SqlOperations
-from fleetcron.stores.sqlstore import SqlSyncStore, store_error
+from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
+from fleetcron.stores.sql.runner import SqlSyncStore, store_error
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["MysqlOperations", "MysqlStore", "batch_text", "connect_args", "split_results"]

@@ -9,9 +9,8 @@ import aiomysql
 import pymysql
 
 from fleetcron.errors import StoreUnavailable
-from fleetcron.stores.async_sqlstore import AsyncSqlStore
 from fleetcron.stores.base import Capability, SqlResult
-from fleetcron.stores.mysql import (
+from fleetcron.stores.sql.mysql import (
     MysqlOperations,
     MysqlStore,
     batch_text,
@@ -19,6 +18,7 @@ from fleetcron.stores.mysql import (
     split_results,
     translate,
 )
+from fleetcron.stores.sql.runner import AsyncSqlStore
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncMysqlStore"]

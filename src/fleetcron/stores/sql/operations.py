@@ -1,17 +1,15 @@
-"""Lease operations for the SQL backends, and the loader of their ``.sql`` files.
+"""The operations of the SQL backends, shared by the three dialects.
 
-The statements themselves live in ``sql/<dialect>/queries.sql`` as named blocks
-(``-- name: lease_acquire``); this module only binds parameters and maps rows, so the
-three dialects share one implementation of every operation.
+The statements themselves live in ``<dialect>/queries.sql`` beside this module as named
+blocks (``-- name: lease_acquire``, :mod:`fleetcron.stores.sql.files`); this module only
+binds parameters and maps rows, so the dialects share one implementation of every
+operation.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from importlib import resources
 
 from fleetcron.models import (
     ClaimResult,
@@ -33,79 +31,7 @@ from fleetcron.stores.base import (
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.statements import Query, QueryBatch
 
-__all__ = [
-    "Migration",
-    "SqlLedger",
-    "SqlOperations",
-    "claim_params",
-    "load_migrations",
-    "load_queries",
-    "split_statements",
-]
-
-_NAME = re.compile(r"^--\s*name:\s*([a-z_]+)\s*$", re.MULTILINE)
-
-
-def load_queries(dialect: str) -> dict[str, str]:
-    """Read ``sql/<dialect>/queries.sql`` into ``{name: text}``."""
-    text = resources.files("fleetcron.stores").joinpath("sql", dialect, "queries.sql").read_text()
-    parts = _NAME.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [line for line in body.strip().splitlines() if not line.lstrip().startswith("--")]
-        queries[name] = "\n".join(lines).strip().rstrip(";")
-    return queries
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    """One forward-only schema step, ``NNNN_name.sql``."""
-
-    version: int
-    name: str
-    statements: tuple[str, ...]
-
-
-_DOLLAR_QUOTE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
-
-
-def split_statements(text: str) -> tuple[str, ...]:
-    """Split a migration file at lines ending with ``;``, except inside a dollar-quoted
-    body (``$$ … $$`` or ``$tag$ … $tag$``: a PL/pgSQL function is one statement)."""
-    statements, current = [], []
-    quote: str | None = None  # the dollar quote we are inside, if any
-    for line in text.splitlines():
-        if quote is None and (line.lstrip().startswith("--") or not line.strip()):
-            continue
-        current.append(line)
-        for match in _DOLLAR_QUOTE.finditer(line):
-            if quote is None:
-                quote = match.group(0)
-            elif match.group(0) == quote:
-                quote = None
-        if quote is None and line.rstrip().endswith(";"):
-            statements.append("\n".join(current).rstrip().rstrip(";"))
-            current = []
-    if current:
-        statements.append("\n".join(current))
-    return tuple(statements)
-
-
-def load_migrations(dialect: str) -> list[Migration]:
-    """All migrations of ``dialect`` in version order."""
-    folder = resources.files("fleetcron.stores").joinpath("sql", dialect, "migrations")
-    found = []
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"(\d{4})_([a-z0-9_]+)\.sql", entry.name)
-        if match:
-            found.append(
-                Migration(
-                    version=int(match.group(1)),
-                    name=entry.name,
-                    statements=split_statements(entry.read_text()),
-                )
-            )
-    return sorted(found, key=lambda migration: migration.version)
+__all__ = ["SqlLedger", "SqlOperations", "claim_params"]
 
 
 class SqlOperations:

@@ -1,0 +1,448 @@
+"""The Redis store's keys and operations: one Lua script call per operation, so each is
+one round trip (the scripts are ``scripts.lua``; the runner is :mod:`.store`).
+
+A lease is a hash with no TTL — like a SQL row it stays until ``prune`` — and expiry is
+decided inside the script by the server's ``TIME``. The fence is
+``max(previous + 1, TIME in µs)``: it keeps increasing even after a restart that lost
+every key, as long as the server clock does not step back. Keys are hash-tagged
+``fleetcron:{<len(ns)>:<ns>:<name>}`` so each operation touches one Cluster slot.
+
+The run ledger (docs/design/ledger.md) lives under the hash tag of the job's lease
+(``fleetcron:job:<job>``), so one claim — job lease, job row, run row, slot index — is one
+Cluster slot and one atomic script. With ``B = fleetcron:{<len(ns)>:<ns>:fleetcron:job:<job>}``:
+
+- ``B`` — the job lease (a lease hash like any other);
+- ``B:job`` — the job row: ``job``, ``paused`` (1/0), ``definition``, ``fingerprint``,
+  ``high_water``, ``last_success``, ``last_failure``, ``updated``;
+- ``B:run:<slot_us>`` — one run row: ``job``, ``slot``, ``state``, ``attempt``, ``fence``,
+  ``holder``, ``run_id``, ``trigger``, ``started``, ``finished``, ``expires``,
+  ``retry_at``, ``cancel`` (1/0), ``exit_code``, ``error``, ``output``;
+- ``B:slots`` — sorted set of the job's slots (member and score ``slot_us``), for listing
+  newest first, cancelling and pruning.
+
+NULL is an absent hash field. A lease key ends with ``}``; ledger keys never do, which is
+how ``lease_list``/``lease_prune`` tell them apart in a SCAN of the namespace. Jobs of a
+namespace are found by SCAN of ``…:fleetcron:job:*}:job`` (no per-namespace index: it
+would be another Cluster slot). The scripts of a whole job (``run_list``, ``run_cancel``,
+``run_prune``) are given the slot index as their key and reach the run rows named in it;
+those rows share its hash tag, so they are in the same slot.
+
+A batch of claims is one round trip (plus one ``SCRIPT LOAD`` after a script cache
+flush): a pipeline of ``EVALSHA`` calls of the claim script, each with its own keys and
+arguments. On one server the whole batch is one call — one ``TIME``, one atomic step.
+``RedisOperations(cluster=True)`` splits it into one call per job (each
+call's keys share one hash tag), all in the same pipeline; each call then has its own
+``TIME``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fleetcron.models import (
+    ClaimResult,
+    JobRecord,
+    LeaseRecord,
+    RunOutcome,
+    RunRecord,
+    SlotClaim,
+    job_lease_name,
+)
+from fleetcron.stores.base import Operation, acquired_record
+from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
+
+__all__ = ["RedisOperations", "job_key", "lease_key", "run_key", "slots_key"]
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def lease_key(namespace: str, name: str) -> str:
+    """The hash-tagged key of a lease; the length prefix keeps ``ns``/``name`` unambiguous."""
+    return f"fleetcron:{{{len(namespace)}:{namespace}:{name}}}"
+
+
+def _namespace_pattern(namespace: str) -> str:
+    return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:*"
+
+
+def _job_base(namespace: str, job: str) -> str:
+    return lease_key(namespace, job_lease_name(job))
+
+
+def job_key(namespace: str, job: str) -> str:
+    """The job row: under the hash tag of the job's lease."""
+    return _job_base(namespace, job) + ":job"
+
+
+def run_key(namespace: str, job: str, slot_us: int) -> str:
+    """The run row of one slot: under the hash tag of the job's lease."""
+    return f"{_job_base(namespace, job)}:run:{slot_us}"
+
+
+def slots_key(namespace: str, job: str) -> str:
+    """The sorted set of a job's slots (score = slot_us): under the job lease's hash tag."""
+    return _job_base(namespace, job) + ":slots"
+
+
+def _jobs_pattern(namespace: str) -> str:
+    """SCAN pattern of every job row of ``namespace`` (never a lease key: those end with
+    ``}``; never a run row or slot index: their suffix differs)."""
+    prefix = _glob_escape(job_lease_name(""))
+    return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:{prefix}*}}:job"
+
+
+def _slots_of(job_row_key: str) -> str:
+    return job_row_key.removesuffix(":job") + ":slots"
+
+
+def _is_lease_key(key: str) -> bool:
+    """Lease keys end with the closing brace of their hash tag; ledger keys never do."""
+    return key.endswith("}")
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _record(namespace: str, name: str, holder: str, reply: list[Any]) -> LeaseRecord:
+    fence, acquired, expires, min_until, now = (int(_text(v)) for v in reply[:5])
+    return LeaseRecord(
+        namespace=namespace,
+        name=name,
+        holder=holder,
+        fence=fence,
+        acquired_us=acquired,
+        expires_us=expires,
+        min_until_us=min_until,
+        now_us=now,
+    )
+
+
+def _from_get(namespace: str, reply: Any) -> LeaseRecord | None:
+    if not reply:
+        return None
+    holder, name = _text(reply[0]), _text(reply[6])
+    return _record(namespace, name, holder, reply[1:6])
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(_text(value))
+
+
+def _opt(value: object) -> str:
+    """An optional script argument: ``''`` is NULL, anything else is ``'=' + value``."""
+    return "" if value is None else f"={value}"
+
+
+def _run(namespace: str, reply: Any) -> RunRecord:
+    """Map a ``run_row`` reply: ``job, slot, state, attempt, fence, holder, run_id, trigger,
+    started, finished, expires, retry_at, cancel, exit_code, error, output, now``."""
+    row = list(reply)
+    return RunRecord(
+        namespace=namespace,
+        job=_text(row[0]),
+        slot_us=int(_text(row[1])),
+        state=_text(row[2]),
+        attempt=int(_text(row[3])),
+        fence=int(_text(row[4])),
+        holder=_text(row[5]),
+        run_id=_text(row[6]),
+        trigger=_text(row[7]),
+        started_us=_int(row[8]),
+        finished_us=_int(row[9]),
+        expires_us=_int(row[10]),
+        retry_at_us=_int(row[11]),
+        cancel_requested=row[12] is not None and _text(row[12]) == "1",
+        exit_code=_int(row[13]),
+        error=None if row[14] is None else _text(row[14]),
+        output=None if row[15] is None else _text(row[15]),
+        now_us=int(_text(row[16])),
+    )
+
+
+def _job(namespace: str, reply: Any) -> JobRecord:
+    """Map a ``job_row`` reply: ``job, paused, definition, fingerprint, high_water,
+    last_success, last_failure, updated, now``."""
+    row = list(reply)
+    return JobRecord(
+        namespace=namespace,
+        job=_text(row[0]),
+        paused=row[1] is not None and _text(row[1]) == "1",
+        definition=_text(row[2]) if row[2] is not None else "{}",
+        fingerprint=_text(row[3]) if row[3] is not None else "",
+        high_water_us=_int(row[4]),
+        last_success_us=_int(row[5]),
+        last_failure_us=_int(row[6]),
+        updated_us=int(_text(row[7])),
+        now_us=int(_text(row[8])),
+    )
+
+
+class _RedisLeases:
+    """Lease operations as script invocations."""
+
+    def lease_acquire(
+        self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
+    ) -> Operation[LeaseRecord | None]:
+        reply = yield Script(
+            "lease_acquire",
+            (lease_key(namespace, name),),
+            (holder, ttl_us, least_us, namespace, name),
+        )
+        if not reply:
+            return None
+        fence, now = int(reply[0]), int(reply[1])
+        return acquired_record(namespace, name, holder, fence, now, ttl_us, least_us)
+
+    def lease_extend(
+        self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
+    ) -> Operation[LeaseRecord | None]:
+        reply = yield Script("lease_extend", (lease_key(namespace, name),), (holder, fence, ttl_us))
+        return _record(namespace, name, holder, reply) if reply else None
+
+    def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
+        reply = yield Script("lease_release", (lease_key(namespace, name),), (holder, fence))
+        return bool(reply)
+
+    def lease_get(self, namespace: str, name: str) -> Operation[LeaseRecord | None]:
+        reply = yield Script("lease_get", (lease_key(namespace, name),), ())
+        return _from_get(namespace, reply)
+
+    def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
+        keys = yield KeyScan(_namespace_pattern(namespace))
+        keys = [key for key in keys if _is_lease_key(key)]
+        replies = yield fan_out("lease_get", tuple(keys), ())
+        records = [r for r in (_from_get(namespace, reply) for reply in replies) if r]
+        return sorted(records, key=lambda record: record.name)
+
+    def lease_prune(
+        self, namespace: str, older_than_us: int, dry_run: bool
+    ) -> Operation[list[str]]:
+        keys = yield KeyScan(_namespace_pattern(namespace))
+        keys = [key for key in keys if _is_lease_key(key)]
+        replies = yield fan_out("lease_prune", tuple(keys), (older_than_us, 1 if dry_run else 0))
+        return sorted(_text(reply) for reply in replies if reply)
+
+
+class _RedisLedger:
+    """The run ledger as script invocations (docs/design/ledger.md).
+
+    A claim batch is one :class:`~fleetcron.stores.statements.ScriptCalls`: the runner sends
+    its calls in one pipeline. ``cluster``: split a batch into one call per job, so that no
+    call spans two hash slots.
+    """
+
+    cluster: bool = False
+
+    def store_now(self) -> Operation[int]:
+        reply = yield Script("store_now")
+        return int(_text(reply))
+
+    def run_claim(
+        self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
+    ) -> Operation[list[ClaimResult]]:
+        if not claims:
+            return []
+        groups = self._claim_groups(claims)
+        calls = tuple(
+            (
+                tuple(key for i in group for key in _claim_keys(namespace, claims[i])),
+                (
+                    holder,
+                    ttl_us,
+                    namespace,
+                    LOST_ERROR,
+                    MISSED_ERROR,
+                    *(arg for i in group for arg in _claim_args(claims[i])),
+                ),
+            )
+            for group in groups
+        )
+        replies = yield ScriptCalls("run_claim", calls)
+        by_index: dict[int, Any] = {}
+        for group, reply in zip(groups, replies, strict=True):
+            by_index.update(zip(group, reply, strict=True))
+        answers = []
+        for i, claim in enumerate(claims):
+            reply = by_index[i]
+            # A refusal is its reason as a status string; a claim, the run row (a list).
+            if isinstance(reply, bytes | str):
+                run: RunRecord | None = None
+                status = _text(reply)
+            else:
+                run, status = _run(namespace, reply), "claimed"
+            answers.append(
+                ClaimResult(job=claim.job, slot_us=claim.slot_us, status=status, run=run)
+            )
+        return answers
+
+    def _claim_groups(self, claims: Sequence[SlotClaim]) -> list[list[int]]:
+        """The claims (by index) each script call decides: all of them on one server (one
+        TIME, one atomic step); on a Cluster, one call per job (its keys share the job
+        lease's hash tag), all calls still in one pipeline, each with its own TIME."""
+        if not self.cluster:
+            return [list(range(len(claims)))]
+        groups: dict[str, list[int]] = {}
+        for index, claim in enumerate(claims):
+            groups.setdefault(claim.job, []).append(index)
+        return list(groups.values())
+
+    def run_extend(
+        self, namespace: str, job: str, slot_us: int, fence: int, ttl_us: int
+    ) -> Operation[RunRecord | None]:
+        reply = yield Script(
+            "run_extend",
+            (lease_key(namespace, job_lease_name(job)), run_key(namespace, job, slot_us)),
+            (fence, ttl_us),
+        )
+        return _run(namespace, reply) if reply else None
+
+    def run_finish(
+        self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
+    ) -> Operation[bool]:
+        output = outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output
+        reply = yield Script(
+            "run_finish",
+            (
+                lease_key(namespace, job_lease_name(job)),
+                job_key(namespace, job),
+                run_key(namespace, job, slot_us),
+            ),
+            (
+                fence,
+                outcome.state,
+                _opt(outcome.exit_code),
+                _opt(outcome.error),
+                _opt(output),
+                _opt(outcome.retry_after_us),
+                job,
+            ),
+        )
+        return bool(reply)
+
+    def run_record(
+        self, namespace: str, job: str, slot_us: int, state: str, error: str | None, trigger: str
+    ) -> Operation[bool]:
+        reply = yield Script(
+            "run_record",
+            (
+                job_key(namespace, job),
+                run_key(namespace, job, slot_us),
+                slots_key(namespace, job),
+            ),
+            (slot_us, state, _opt(error), trigger, job),
+        )
+        return bool(reply)
+
+    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
+        reply = yield Script("run_cancel", (slots_key(namespace, job),), ())
+        return int(reply)
+
+    def run_settled(
+        self, namespace: str, slots: Sequence[tuple[str, int]]
+    ) -> Operation[set[tuple[str, int]]]:
+        if not slots:
+            return set()
+        # One call per run key (any hash slot), all in one pipeline.
+        keys = tuple(run_key(namespace, job, slot) for job, slot in slots)
+        replies = yield fan_out("run_settled", keys, ())
+        return {pair for pair, reply in zip(slots, replies, strict=True) if int(reply)}
+
+    def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
+        reply = yield Script("run_get", (run_key(namespace, job, slot_us),), ())
+        return _run(namespace, reply) if reply else None
+
+    def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
+        if limit <= 0:
+            return []
+        if job is not None:
+            reply = yield Script("run_list", (slots_key(namespace, job),), (limit,))
+            return [_run(namespace, row) for row in reply]
+        keys = yield KeyScan(_jobs_pattern(namespace))
+        replies = yield fan_out("run_list", tuple(_slots_of(key) for key in keys), (limit,))
+        rows = [_run(namespace, row) for reply in replies for row in reply]
+        rows.sort(key=lambda run: (-run.slot_us, run.job))
+        return rows[:limit]
+
+    def run_due(
+        self, namespace: str, limit: int, jobs: Sequence[str] | None = None
+    ) -> Operation[list[RunRecord]]:
+        if limit <= 0 or (jobs is not None and not jobs):
+            return []
+        if jobs is None:
+            found = yield KeyScan(_jobs_pattern(namespace))
+            slot_keys = tuple(_slots_of(key) for key in found)
+        else:  # the named jobs' slot indexes: no scan
+            slot_keys = tuple(slots_key(namespace, job) for job in jobs)
+        replies = yield fan_out("run_due", slot_keys, (limit,))
+        rows = [_run(namespace, row) for reply in replies for row in reply]
+        rows.sort(key=lambda run: (run.slot_us, run.job))
+        return rows[:limit]
+
+    def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
+        keys = yield KeyScan(_jobs_pattern(namespace))
+        replies = yield fan_out(
+            "run_prune", tuple(_slots_of(key) for key in keys), (max(keep, 0), older_than_us)
+        )
+        return sum(int(reply) for reply in replies)
+
+    def job_register(
+        self, namespace: str, jobs: Sequence[tuple[str, str, str]]
+    ) -> Operation[list[JobRecord | None]]:
+        if not jobs:
+            return []
+        # One script call per job (each on its own key), all in one pipeline.
+        calls = tuple(
+            ((job_key(namespace, job),), (job, definition, fingerprint))
+            for job, definition, fingerprint in jobs
+        )
+        replies = yield ScriptCalls("job_register", calls)
+        return [_job(namespace, reply) if reply else None for reply in replies]
+
+    def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
+        reply = yield Script("job_set_paused", (job_key(namespace, job),), (1 if paused else 0,))
+        return bool(reply)
+
+    def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
+        reply = yield Script("job_get", (job_key(namespace, job),), ())
+        return _job(namespace, reply) if reply else None
+
+    def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
+        keys = yield KeyScan(_jobs_pattern(namespace))
+        replies = yield fan_out("job_get", tuple(keys), ())
+        jobs = [_job(namespace, reply) for reply in replies if reply]
+        return sorted(jobs, key=lambda row: row.job)
+
+
+class RedisOperations(_RedisLeases, _RedisLedger):
+    """Every operation of the Redis store: leases and the run ledger."""
+
+    def __init__(self, *, cluster: bool = False) -> None:
+        self.cluster = cluster
+
+
+def _claim_keys(namespace: str, claim: SlotClaim) -> tuple[str, str, str, str]:
+    return (
+        lease_key(namespace, job_lease_name(claim.job)),
+        job_key(namespace, claim.job),
+        run_key(namespace, claim.job, claim.slot_us),
+        slots_key(namespace, claim.job),
+    )
+
+
+def _claim_args(claim: SlotClaim) -> tuple[ScriptArg, ...]:
+    return (
+        claim.slot_us,
+        claim.run_id,
+        1 if claim.exclusive else 0,
+        claim.max_attempts,
+        claim.trigger,
+        claim.least_us,
+        claim.job,
+        job_lease_name(claim.job),
+        _opt(claim.deadline_us),
+    )

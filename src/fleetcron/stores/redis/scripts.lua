@@ -1,0 +1,360 @@
+-- Redis scripts of the fleetcron store, one named block each (`-- name: x`), read by the
+-- same loader as the SQL files. A block's `-- uses:` line names the blocks put before
+-- it: `now` (the server's TIME as `now`, in µs, and `s()` to format an integer) and
+-- `ledger` (row helpers of the run ledger). Every script documents its KEYS, its ARGV and
+-- what it returns.
+
+-- name: now
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function s(n) return string.format('%d', n) end
+
+-- name: ledger
+local RUN_FIELDS = {'job', 'slot', 'state', 'attempt', 'fence', 'holder', 'run_id', 'trigger',
+                    'started', 'finished', 'expires', 'retry_at', 'cancel', 'exit_code',
+                    'error', 'output'}
+local JOB_FIELDS = {'job', 'paused', 'definition', 'fingerprint', 'high_water',
+                    'last_success', 'last_failure', 'updated'}
+-- a run row as {RUN_FIELDS..., now} (absent fields are nil replies), false when absent
+local function run_row(key)
+  local row = redis.call('HMGET', key, unpack(RUN_FIELDS))
+  if not row[3] then return false end
+  row[17] = s(now)
+  return row
+end
+-- a job row as {JOB_FIELDS..., now}, false when absent
+local function job_row(key)
+  local row = redis.call('HMGET', key, unpack(JOB_FIELDS))
+  if not row[1] then return false end
+  row[9] = s(now)
+  return row
+end
+-- an optional argument: '' is NULL, else '=' .. value
+local function opt(v)
+  if v == '' then return nil end
+  return string.sub(v, 2)
+end
+-- create the job row of a job nobody registered yet
+local function ensure_job(key, job)
+  if redis.call('HEXISTS', key, 'job') == 0 then
+    redis.call('HSET', key, 'job', job, 'paused', '0', 'definition', '{}', 'fingerprint', '',
+               'updated', s(now))
+  end
+end
+local function raise_high_water(key, slot)
+  local high = redis.call('HGET', key, 'high_water')
+  if not high or tonumber(high) < tonumber(slot) then
+    redis.call('HSET', key, 'high_water', slot)
+  end
+end
+-- the run row of a slot listed in the slot index KEYS[1] (same hash tag)
+local function run_key_of(slot)
+  return string.sub(KEYS[1], 1, -7) .. ':run:' .. slot
+end
+
+-- name: lease_acquire
+-- uses: now
+-- KEYS[1] lease hash; ARGV: holder, ttl_us, least_us, namespace, name
+-- returns false when held at TIME, else {fence, now} as integers (exact below 2^53;
+-- the caller derives expires = now + ttl and min_until = now + least)
+local cur = redis.call('HMGET', KEYS[1], 'expires', 'fence')
+if cur[1] and tonumber(cur[1]) > now then return false end
+local fence = now
+if cur[2] and tonumber(cur[2]) + 1 > fence then fence = tonumber(cur[2]) + 1 end
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'fence', s(fence), 'acquired', s(now),
+           'expires', s(now + tonumber(ARGV[2])), 'min_until', s(now + tonumber(ARGV[3])))
+if not cur[2] then redis.call('HSET', KEYS[1], 'ns', ARGV[4], 'name', ARGV[5]) end
+return {fence, now}
+
+-- name: lease_extend
+-- uses: now
+-- KEYS[1] lease hash; ARGV: holder, fence, ttl_us
+-- returns false unless held by exactly (holder, fence),
+-- else {fence, acquired, expires, min_until, now}
+local cur = redis.call('HMGET', KEYS[1], 'holder', 'fence', 'expires', 'min_until', 'acquired')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= now then return false end
+local expires = math.max(now + tonumber(ARGV[3]), tonumber(cur[4]))
+redis.call('HSET', KEYS[1], 'expires', s(expires))
+return {cur[2], cur[5], s(expires), cur[4], s(now)}
+
+-- name: lease_release
+-- uses: now
+-- KEYS[1] lease hash; ARGV: holder, fence
+-- returns 1 when released (expiry = max(now, min_until)), 0 when not ours: nothing changes
+local cur = redis.call('HMGET', KEYS[1], 'holder', 'fence', 'expires', 'min_until')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= now then return 0 end
+redis.call('HSET', KEYS[1], 'expires', s(math.max(now, tonumber(cur[4]))))
+return 1
+
+-- name: lease_get
+-- uses: now
+-- KEYS[1] lease hash; returns false when absent,
+-- else {holder, fence, acquired, expires, min_until, now, name}
+local cur = redis.call('HMGET', KEYS[1],
+                      'holder', 'fence', 'acquired', 'expires', 'min_until', 'name')
+if not cur[2] then return false end
+return {cur[1], cur[2], cur[3], cur[4], cur[5], s(now), cur[6]}
+
+-- name: lease_prune
+-- uses: now
+-- KEYS[1] lease hash; ARGV: older_than_us, dry_run (1/0)
+-- returns the name when the row is (or would be) deleted, else false
+local cur = redis.call('HMGET', KEYS[1], 'expires', 'min_until', 'fence', 'name')
+if not cur[1] then return false end
+local limit = now - tonumber(ARGV[1])
+if tonumber(cur[1]) < limit and tonumber(cur[2]) < limit and tonumber(cur[3]) < now then
+  if ARGV[2] == '0' then redis.call('DEL', KEYS[1]) end
+  return cur[4]
+end
+return false
+
+-- name: run_claim
+-- uses: now, ledger
+-- KEYS: 4 per claim: job lease, job row, run row, slot index
+-- ARGV: holder, ttl_us, namespace, lost error, missed error, then 9 per claim: slot_us,
+--       run_id, exclusive (1/0), max_attempts, trigger, least_us, job, lease name,
+--       deadline_us? (optional: '' is none)
+-- returns one reply per claim, in order: the claimed run row (see run_row), or why the
+-- slot was not claimed: 'not_due', 'paused', 'taken', 'missed' or 'busy'. Every claim is
+-- decided at the same TIME, in order, each one seeing the writes of those before it.
+local holder, ttl, namespace, lost_error = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local missed_error = ARGV[5]
+local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, exclusive,
+                     max_attempts, trigger, least, job, lease_name, deadline_arg)
+  local slot = tonumber(slot_arg)
+  if slot > now then return 'not_due' end
+  if trigger == 'schedule' and redis.call('HGET', job_key, 'paused') == '1' then
+    return 'paused'
+  end
+  local attempt, note = 1, nil
+  local run = redis.call('HMGET', run_key, 'state', 'attempt', 'expires', 'retry_at')
+  if run[1] then
+    local tried, most = tonumber(run[2]), tonumber(max_attempts)
+    if run[1] == 'running' and run[3] and tonumber(run[3]) <= now then
+      if tried >= most then
+        redis.call('HSET', run_key, 'state', 'lost', 'finished', s(now), 'error', lost_error)
+        redis.call('HDEL', run_key, 'expires')
+        return 'taken'
+      end
+      attempt, note = tried + 1, 'attempt ' .. run[2] .. ' lost: ' .. lost_error
+    elseif run[1] == 'queued' then
+      attempt = 1
+    elseif run[1] == 'failed' and run[4] and tonumber(run[4]) <= now and tried < most then
+      attempt = tried + 1
+    else
+      return 'taken'
+    end
+  else
+    local deadline = opt(deadline_arg)
+    if deadline and now > tonumber(deadline) then
+      -- no row and past the claim's deadline: recorded as missed, not run
+      redis.call('HSET', run_key, 'job', job, 'slot', slot_arg, 'state', 'missed',
+                 'attempt', '0', 'fence', '0', 'holder', '', 'run_id', '', 'trigger', trigger,
+                 'finished', s(now), 'cancel', '0', 'error', missed_error)
+      redis.call('ZADD', slots_key, slot_arg, slot_arg)
+      ensure_job(job_key, job)
+      if trigger == 'schedule' or trigger == 'exec' then raise_high_water(job_key, slot_arg) end
+      return 'missed'
+    end
+  end
+  local lease = redis.call('HMGET', lease_key, 'expires', 'fence')
+  if exclusive == '1' and lease[1] and tonumber(lease[1]) > now then return 'busy' end
+  local fence = now
+  if lease[2] and tonumber(lease[2]) + 1 > fence then fence = tonumber(lease[2]) + 1 end
+  if exclusive == '1' then
+    redis.call('HSET', lease_key, 'holder', holder, 'fence', s(fence), 'acquired', s(now),
+               'expires', s(now + ttl), 'min_until', s(now + tonumber(least)))
+  elseif lease[2] then
+    redis.call('HSET', lease_key, 'fence', s(fence))
+  else
+    redis.call('HSET', lease_key, 'holder', '', 'fence', s(fence), 'acquired', '0',
+               'expires', '0', 'min_until', '0')
+  end
+  if not lease[2] then redis.call('HSET', lease_key, 'ns', namespace, 'name', lease_name) end
+  redis.call('DEL', run_key)
+  redis.call('HSET', run_key, 'job', job, 'slot', slot_arg, 'state', 'running',
+             'attempt', s(attempt), 'fence', s(fence), 'holder', holder, 'run_id', run_id,
+             'trigger', trigger, 'started', s(now), 'expires', s(now + ttl), 'cancel', '0')
+  if note then redis.call('HSET', run_key, 'error', note) end
+  redis.call('ZADD', slots_key, slot_arg, slot_arg)
+  ensure_job(job_key, job)
+  if trigger == 'schedule' or trigger == 'exec' then raise_high_water(job_key, slot_arg) end
+  return run_row(run_key)
+end
+local replies = {}
+for i = 1, #KEYS / 4 do
+  local k, a = (i - 1) * 4, 5 + (i - 1) * 9
+  replies[i] = claim(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+                     ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
+                     ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9])
+end
+return replies
+
+-- name: run_extend
+-- uses: now, ledger
+-- KEYS[1] job lease, KEYS[2] run row; ARGV: fence, ttl_us
+-- returns false unless the attempt is running, holds the fence and is unexpired,
+-- else the renewed run row (its cancel field tells the holder to stop)
+local run = redis.call('HMGET', KEYS[2], 'state', 'fence', 'expires')
+if run[1] ~= 'running' or run[2] ~= ARGV[1] or not run[3] or tonumber(run[3]) <= now then
+  return false
+end
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', KEYS[2], 'expires', s(now + ttl))
+local lease = redis.call('HMGET', KEYS[1], 'fence', 'expires', 'min_until')
+if lease[1] == ARGV[1] and tonumber(lease[2]) > now then
+  redis.call('HSET', KEYS[1], 'expires', s(math.max(now + ttl, tonumber(lease[3]))))
+end
+return run_row(KEYS[2])
+
+-- name: run_finish
+-- uses: now, ledger
+-- KEYS[1] job lease, KEYS[2] job row, KEYS[3] run row
+-- ARGV: fence, state, exit_code?, error?, output?, retry_after_us?, job  (? = optional)
+-- returns 1 when recorded, 0 when the attempt is no longer ours (nothing changes)
+local run = redis.call('HMGET', KEYS[3], 'state', 'fence', 'expires')
+if run[1] ~= 'running' or run[2] ~= ARGV[1] or not run[3] or tonumber(run[3]) <= now then
+  return 0
+end
+redis.call('HDEL', KEYS[3], 'expires', 'retry_at', 'exit_code', 'error', 'output')
+redis.call('HSET', KEYS[3], 'state', ARGV[2], 'finished', s(now))
+local exit_code, err, output, retry = opt(ARGV[3]), opt(ARGV[4]), opt(ARGV[5]), opt(ARGV[6])
+if exit_code then redis.call('HSET', KEYS[3], 'exit_code', exit_code) end
+if err then redis.call('HSET', KEYS[3], 'error', err) end
+if output then redis.call('HSET', KEYS[3], 'output', output) end
+if ARGV[2] == 'failed' and retry then
+  redis.call('HSET', KEYS[3], 'retry_at', s(now + tonumber(retry)))
+end
+local lease = redis.call('HMGET', KEYS[1], 'fence', 'min_until')
+if lease[1] == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'expires', s(math.max(now, tonumber(lease[2]))))
+end
+ensure_job(KEYS[2], ARGV[7])
+if ARGV[2] == 'succeeded' then
+  redis.call('HSET', KEYS[2], 'last_success', s(now))
+elseif ARGV[2] == 'failed' or ARGV[2] == 'lost' then
+  redis.call('HSET', KEYS[2], 'last_failure', s(now))
+end
+return 1
+
+-- name: run_record
+-- uses: now, ledger
+-- KEYS[1] job row, KEYS[2] run row, KEYS[3] slot index
+-- ARGV: slot_us, state, error?, trigger, job
+-- returns 1 when the final row was inserted, 0 when the slot has a row (never overwritten)
+-- or the slot is later than TIME (never a row for a slot not yet due)
+if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) > now then return 0 end
+redis.call('HSET', KEYS[2], 'job', ARGV[5], 'slot', ARGV[1], 'state', ARGV[2],
+           'attempt', '0', 'fence', '0', 'holder', '', 'run_id', '', 'trigger', ARGV[4],
+           'finished', s(now), 'cancel', '0')
+local err = opt(ARGV[3])
+if err then redis.call('HSET', KEYS[2], 'error', err) end
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+ensure_job(KEYS[1], ARGV[5])
+if ARGV[2] ~= 'queued' then raise_high_water(KEYS[1], ARGV[1]) end
+return 1
+
+-- name: run_cancel
+-- uses: now, ledger
+-- KEYS[1] slot index; no ARGV
+-- sets cancel on the job's unexpired running rows; returns how many
+local asked = 0
+for _, slot in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local key = run_key_of(slot)
+  local run = redis.call('HMGET', key, 'state', 'expires')
+  if run[1] == 'running' and run[2] and tonumber(run[2]) > now then
+    redis.call('HSET', key, 'cancel', '1')
+    asked = asked + 1
+  end
+end
+return asked
+
+-- name: run_get
+-- uses: now, ledger
+-- KEYS[1] run row; returns the run row or false
+return run_row(KEYS[1])
+
+-- name: run_settled
+-- KEYS[1] run row; returns 1 when it exists in a state other than queued, else 0
+local state = redis.call('HGET', KEYS[1], 'state')
+if state and state ~= 'queued' then return 1 end
+return 0
+
+-- name: run_list
+-- uses: now, ledger
+-- KEYS[1] slot index; ARGV: limit (> 0)
+-- returns up to limit run rows of the job, newest slot first
+local rows = {}
+for _, slot in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)) do
+  local row = run_row(run_key_of(slot))
+  if row then rows[#rows + 1] = row end
+end
+return rows
+
+-- name: run_due
+-- uses: now, ledger
+-- KEYS[1] slot index; ARGV: limit (> 0)
+-- returns up to limit rows of the job to claim now, oldest slot first: queued, running
+-- with an expired lease, failed with a retry that has come (TIME decides)
+local rows = {}
+for _, slot in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local key = run_key_of(slot)
+  local run = redis.call('HMGET', key, 'state', 'expires', 'retry_at')
+  local due = run[1] == 'queued'
+    or (run[1] == 'running' and run[2] and tonumber(run[2]) <= now)
+    or (run[1] == 'failed' and run[3] and tonumber(run[3]) <= now)
+  if due then
+    rows[#rows + 1] = run_row(key)
+    if #rows >= tonumber(ARGV[1]) then break end
+  end
+end
+return rows
+
+-- name: run_prune
+-- uses: now, ledger
+-- KEYS[1] slot index; ARGV: keep, older_than_us
+-- deletes the job's final rows beyond the newest keep or finished before now - older_than;
+-- never a running row; returns how many were deleted
+local keep, limit = tonumber(ARGV[1]), now - tonumber(ARGV[2])
+local index, deleted = 0, 0
+for _, slot in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, -1)) do
+  local key = run_key_of(slot)
+  local run = redis.call('HMGET', key, 'state', 'finished')
+  if not run[1] then
+    redis.call('ZREM', KEYS[1], slot)
+  elseif run[1] ~= 'running' and run[1] ~= 'queued' then
+    if index >= keep or (run[2] and tonumber(run[2]) < limit) then
+      redis.call('DEL', key)
+      redis.call('ZREM', KEYS[1], slot)
+      deleted = deleted + 1
+    end
+    index = index + 1
+  end
+end
+return deleted
+
+-- name: job_register
+-- uses: now, ledger
+-- KEYS[1] job row; ARGV: job, definition, fingerprint
+-- upserts the definition (paused and progress kept); returns the row before, or false
+local before = job_row(KEYS[1])
+ensure_job(KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], 'definition', ARGV[2], 'fingerprint', ARGV[3], 'updated', s(now))
+return before
+
+-- name: job_set_paused
+-- uses: now, ledger
+-- KEYS[1] job row; ARGV: paused (1/0); returns 0 when the job is unknown, else 1
+if redis.call('HEXISTS', KEYS[1], 'job') == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'paused', ARGV[1], 'updated', s(now))
+return 1
+
+-- name: job_get
+-- uses: now, ledger
+-- KEYS[1] job row; returns the job row or false
+return job_row(KEYS[1])
+
+-- name: store_now
+-- uses: now
+-- no KEYS, no ARGV; returns the server's TIME in µs as a decimal string
+return s(now)

@@ -1,0 +1,237 @@
+"""The Redis store (redis-py), sync and async: one Lua script per operation, so each is
+one round trip; a batch of calls is one pipeline. The keys and the operations are in
+:mod:`fleetcron.stores.redis.operations`, the scripts in ``scripts.lua``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+from redis.commands.core import Script as RedisScript
+
+from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
+from fleetcron.stores.base import Capability, Operation, Statement, drive, drive_async
+from fleetcron.stores.redis.operations import RedisOperations, _text
+from fleetcron.stores.redis.scripts import SCRIPTS
+from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
+from fleetcron.stores.url import StoreURL
+
+__all__ = ["AsyncRedisStore", "RedisStore", "translate"]
+
+T = TypeVar("T")
+log = logging.getLogger("fleetcron")
+
+
+def translate(exc: BaseException) -> FleetcronError | None:
+    """Map a redis-py exception to fleetcron's hierarchy."""
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return ConfigurationError(
+            "the Redis server is a read-only replica; point the backend URL at the primary"
+        )
+    if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+        return StoreError(f"Redis refused the credentials or command: {exc}")
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return StoreUnavailable(f"Redis unreachable: {exc}")
+    if isinstance(exc, redis.exceptions.RedisError):
+        return StoreError(f"Redis error: {exc}")
+    return None
+
+
+Call = tuple[tuple[str, ...], tuple[ScriptArg, ...]]
+
+
+def _not_redis(statement: Statement) -> TypeError:
+    return TypeError(f"the Redis store cannot run {statement!r}")
+
+
+def _collect(pending: list[int], replies: list[Any], results: list[Any]) -> list[int]:
+    """Store each reply of a pipeline in ``results``; return the calls the server did not
+    run because it did not know the script (``NOSCRIPT``), to run again after loading it.
+    Any other error is raised."""
+    missing = []
+    for index, reply in zip(pending, replies, strict=True):
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            missing.append(index)
+        elif isinstance(reply, Exception):
+            raise reply
+        else:
+            results[index] = reply
+    return missing
+
+
+_SCRIPT_LOAD_TRIES = 3
+
+
+def _client_kwargs(url: StoreURL) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "socket_connect_timeout": 10,
+        "socket_timeout": 30,
+        "health_check_interval": 0,
+    }
+    if not url.raw.startswith("unix://"):  # TCP keepalive has no meaning on a unix socket
+        kwargs["socket_keepalive"] = True
+    return kwargs
+
+
+def _warn_about_config(url: str, policy: str | None, role: str | None) -> None:
+    if role and role not in ("master", "primary"):
+        raise ConfigurationError(f"{url} is a Redis {role}, not a primary; point at the primary")
+    if policy and policy.startswith("allkeys-"):
+        log.warning(
+            "Redis maxmemory-policy is %s: lease hashes can be evicted under memory "
+            "pressure (fences stay monotonic; a lease may be lost early)",
+            policy,
+            extra={"action": "store_warning", "store": url},
+        )
+
+
+class RedisStore:
+    """Sync Redis store."""
+
+    capabilities = Capability.CROSS_HOST | Capability.SERVER_CLOCK
+
+    def __init__(self, url: StoreURL) -> None:
+        self.url = url.redacted
+        self.ops = RedisOperations()
+        self._lock = threading.Lock()
+        self._client: redis.Redis = redis.Redis.from_url(url.raw, **_client_kwargs(url))
+        self._scripts: dict[str, RedisScript] = {
+            name: self._client.register_script(text) for name, text in SCRIPTS.items()
+        }
+        try:
+            role = self._client.execute_command("ROLE")[0]  # type: ignore[no-untyped-call]
+            policy = self._config_get("maxmemory-policy")
+        except redis.exceptions.RedisError as exc:
+            self._client.close()
+            error = translate(exc)
+            assert error is not None
+            raise StoreUnavailable(f"cannot connect to {self.url}: {error.message}") from exc
+        _warn_about_config(self.url, policy, _text(role))
+
+    def _config_get(self, key: str) -> str | None:
+        try:
+            reply = self._client.config_get(key)
+        except redis.exceptions.ResponseError:  # CONFIG may be disabled (managed Redis)
+            return None
+        value = reply.get(key) if isinstance(reply, dict) else None
+        return _text(value) if value is not None else None
+
+    def _execute(self, statement: Statement) -> Any:
+        match statement:
+            case KeyScan(pattern):
+                return [_text(k) for k in self._client.scan_iter(match=pattern)]
+            case ScriptCalls(name, calls):
+                return self._pipeline(self._scripts[name], list(calls))
+            case Script(name, keys, args):
+                return self._scripts[name](keys=list(keys), args=list(args))
+            case _:
+                raise _not_redis(statement)
+
+    def _pipeline(self, script: RedisScript, calls: list[Call]) -> list[Any]:
+        """Run every call of ``script`` in one pipeline: one round trip (``EVALSHA``; the
+        script is loaded and the refused calls re-sent only after a script cache flush)."""
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(_SCRIPT_LOAD_TRIES):
+            if not pending:
+                break
+            with self._client.pipeline(transaction=False) as pipe:
+                for index in pending:
+                    keys, argv = calls[index]
+                    pipe.evalsha(script.sha, len(keys), *keys, *argv)
+                replies = pipe.execute(raise_on_error=False)
+            pending = _collect(pending, replies, results)
+            if pending:
+                script.sha = self._client.script_load(script.script)
+        if pending:
+            raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
+        return results
+
+    def _guarded(self, statement: Statement) -> Any:
+        try:
+            return self._execute(statement)
+        except redis.exceptions.RedisError as exc:
+            error = translate(exc)
+            assert error is not None
+            raise error from exc
+
+    def run(self, operation: Operation[T]) -> T:
+        with self._lock:
+            return drive(operation, self._guarded)
+
+    def migrate(self) -> list[str]:
+        """Redis keeps no schema; nothing to apply."""
+        return []
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class AsyncRedisStore:
+    """Async Redis store (``redis.asyncio``)."""
+
+    capabilities = RedisStore.capabilities
+
+    def __init__(self, url: StoreURL) -> None:
+        self.url = url.redacted
+        self.ops = RedisOperations()
+        self._client: aioredis.Redis = aioredis.Redis.from_url(url.raw, **_client_kwargs(url))
+        self._scripts: dict[str, AsyncScript] = {
+            name: self._client.register_script(text) for name, text in SCRIPTS.items()
+        }
+
+    async def open(self) -> None:
+        try:
+            role = (await self._client.execute_command("ROLE"))[0]  # type: ignore[no-untyped-call]
+        except redis.exceptions.RedisError as exc:
+            await self._client.aclose()
+            raise StoreUnavailable(f"cannot connect to {self.url}: {exc}") from exc
+        _warn_about_config(self.url, None, _text(role))
+
+    async def _execute(self, statement: Statement) -> Any:
+        try:
+            match statement:
+                case KeyScan(pattern):
+                    return [_text(k) async for k in self._client.scan_iter(match=pattern)]
+                case ScriptCalls(name, calls):
+                    return await self._pipeline(self._scripts[name], list(calls))
+                case Script(name, keys, args):
+                    return await self._scripts[name](keys=list(keys), args=list(args))
+                case _:
+                    raise _not_redis(statement)
+        except redis.exceptions.RedisError as exc:
+            error = translate(exc)
+            assert error is not None
+            raise error from exc
+
+    async def _pipeline(self, script: AsyncScript, calls: list[Call]) -> list[Any]:
+        """Async twin of :meth:`RedisStore._pipeline`."""
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(_SCRIPT_LOAD_TRIES):
+            if not pending:
+                break
+            async with self._client.pipeline(transaction=False) as pipe:
+                for index in pending:
+                    keys, argv = calls[index]
+                    pipe.evalsha(script.sha, len(keys), *keys, *argv)
+                replies = await pipe.execute(raise_on_error=False)
+            pending = _collect(pending, replies, results)
+            if pending:
+                script.sha = await self._client.script_load(script.script)
+        if pending:
+            raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
+        return results
+
+    async def run(self, operation: Operation[T]) -> T:
+        return await drive_async(operation, self._execute)
+
+    async def migrate(self) -> list[str]:
+        return []
+
+    async def close(self) -> None:
+        await self._client.aclose()

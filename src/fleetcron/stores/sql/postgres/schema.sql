@@ -1,0 +1,525 @@
+-- The postgres schema as the migrations leave it, in one place to read. It is not applied:
+-- `fleetcron migrate` applies migrations/ in order; tests/contract/test_schema.py checks
+-- that this file builds the same tables, indexes and functions as they do.
+
+-- Lease rows: one per (namespace, name), never deleted except by prune.
+CREATE TABLE IF NOT EXISTS fleetcron_lease (
+    namespace   text        NOT NULL,
+    name        text        NOT NULL,
+    holder      text        NOT NULL,
+    fence       bigint      NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    min_until   timestamptz NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+
+-- The run ledger (docs/design/ledger.md): one row per slot, one row per job.
+-- Times are microseconds since the epoch on the server's clock (clock_timestamp()).
+-- Lock order of every ledger function, so concurrent ones never deadlock:
+-- job lease row -> run row -> job row.
+-- split: dollar (function bodies between $$ … $$ are one statement)
+CREATE TABLE IF NOT EXISTS fleetcron_run (
+    namespace        text    NOT NULL,
+    job              text    NOT NULL,
+    slot_us          bigint  NOT NULL,
+    state            text    NOT NULL,
+    attempt          integer NOT NULL,
+    fence            bigint  NOT NULL,
+    holder           text    NOT NULL,
+    run_id           text    NOT NULL,
+    trigger          text    NOT NULL,
+    started_us       bigint,
+    finished_us      bigint,
+    expires_us       bigint,
+    retry_at_us      bigint,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    exit_code        integer,
+    error            text,
+    output           text,
+    PRIMARY KEY (namespace, job, slot_us)
+);
+
+-- run_list: newest slot first across the namespace's jobs.
+CREATE INDEX IF NOT EXISTS fleetcron_run_newest
+    ON fleetcron_run (namespace, slot_us DESC, job COLLATE "C");
+
+CREATE TABLE IF NOT EXISTS fleetcron_job (
+    namespace       text    NOT NULL,
+    job             text    NOT NULL,
+    paused          boolean NOT NULL DEFAULT false,
+    definition      text    NOT NULL,
+    fingerprint     text    NOT NULL,
+    high_water_us   bigint,
+    last_success_us bigint,
+    last_failure_us bigint,
+    updated_us      bigint  NOT NULL,
+    PRIMARY KEY (namespace, job)
+);
+
+-- run_extend: renew a running attempt held with the fence, and the job lease if it
+-- carries the same fence and is unexpired.
+CREATE OR REPLACE FUNCTION fleetcron_run_extend(
+    p_namespace text, p_job text, p_lease_name text, p_slot_us bigint, p_fence bigint,
+    p_ttl_us bigint
+) RETURNS TABLE (
+    r_job text, r_slot_us bigint, r_state text, r_attempt integer, r_fence bigint,
+    r_holder text, r_run_id text, r_trigger text, r_started_us bigint,
+    r_finished_us bigint, r_expires_us bigint, r_retry_at_us bigint,
+    r_cancel_requested boolean, r_exit_code integer, r_error text, r_output text,
+    r_now_us bigint
+) LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_t   timestamptz := clock_timestamp();
+    v_now bigint := (extract(epoch FROM v_t) * 1000000)::bigint;
+    v_run fleetcron_run%ROWTYPE;
+BEGIN
+    PERFORM 1 FROM fleetcron_lease AS l
+      WHERE l.namespace = p_namespace AND l.name = p_lease_name
+        FOR UPDATE;
+    UPDATE fleetcron_run AS r SET expires_us = v_now + p_ttl_us
+     WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us
+       AND r.state = 'running' AND r.fence = p_fence AND r.expires_us > v_now
+    RETURNING r.* INTO v_run;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE fleetcron_lease AS l
+       SET expires_at = greatest(v_t + p_ttl_us * interval '1 microsecond', l.min_until)
+     WHERE l.namespace = p_namespace AND l.name = p_lease_name
+       AND l.fence = p_fence AND l.expires_at > v_t;
+    RETURN QUERY SELECT v_run.job, v_run.slot_us, v_run.state, v_run.attempt, v_run.fence,
+        v_run.holder, v_run.run_id, v_run.trigger, v_run.started_us, v_run.finished_us,
+        v_run.expires_us, v_run.retry_at_us, v_run.cancel_requested, v_run.exit_code,
+        v_run.error, v_run.output, v_now;
+END;
+$$;
+
+-- run_finish: record the outcome of a running attempt that is ours and unexpired; release
+-- the job lease if it carries the fence; note success or failure on the job row.
+CREATE OR REPLACE FUNCTION fleetcron_run_finish(
+    p_namespace text, p_job text, p_lease_name text, p_slot_us bigint, p_fence bigint,
+    p_state text, p_exit_code integer, p_error text, p_output text, p_retry_after_us bigint
+) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_t   timestamptz := clock_timestamp();
+    v_now bigint := (extract(epoch FROM v_t) * 1000000)::bigint;
+BEGIN
+    PERFORM 1 FROM fleetcron_lease AS l
+      WHERE l.namespace = p_namespace AND l.name = p_lease_name
+        FOR UPDATE;
+    UPDATE fleetcron_run AS r
+       SET state = p_state, finished_us = v_now, expires_us = NULL,
+           retry_at_us = CASE WHEN p_state = 'failed' THEN v_now + p_retry_after_us END,
+           exit_code = p_exit_code, error = p_error, output = p_output
+     WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us
+       AND r.state = 'running' AND r.fence = p_fence AND r.expires_us > v_now;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE fleetcron_lease AS l SET expires_at = greatest(v_t, l.min_until)
+     WHERE l.namespace = p_namespace AND l.name = p_lease_name AND l.fence = p_fence;
+    INSERT INTO fleetcron_job AS j
+        (namespace, job, paused, definition, fingerprint, last_success_us,
+         last_failure_us, updated_us)
+    VALUES (p_namespace, p_job, false, '{}', '',
+            CASE WHEN p_state = 'succeeded' THEN v_now END,
+            CASE WHEN p_state IN ('failed', 'lost') THEN v_now END, v_now)
+    ON CONFLICT (namespace, job) DO UPDATE
+       SET last_success_us = coalesce(excluded.last_success_us, j.last_success_us),
+           last_failure_us = coalesce(excluded.last_failure_us, j.last_failure_us);
+    RETURN true;
+END;
+$$;
+
+-- job_register: upsert the definition, keep paused and progress, return the row before.
+CREATE OR REPLACE FUNCTION fleetcron_job_register(
+    p_namespace text, p_job text, p_definition text, p_fingerprint text
+) RETURNS TABLE (
+    r_job text, r_paused boolean, r_definition text, r_fingerprint text,
+    r_high_water_us bigint, r_last_success_us bigint, r_last_failure_us bigint,
+    r_updated_us bigint, r_now_us bigint
+) LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_now    bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    v_before fleetcron_job%ROWTYPE;
+BEGIN
+    LOOP
+        SELECT * INTO v_before FROM fleetcron_job AS j
+         WHERE j.namespace = p_namespace AND j.job = p_job
+           FOR UPDATE;
+        IF FOUND THEN
+            UPDATE fleetcron_job AS j
+               SET definition = p_definition, fingerprint = p_fingerprint,
+                   updated_us = v_now
+             WHERE j.namespace = p_namespace AND j.job = p_job;
+            RETURN QUERY SELECT v_before.job, v_before.paused, v_before.definition,
+                v_before.fingerprint, v_before.high_water_us, v_before.last_success_us,
+                v_before.last_failure_us, v_before.updated_us, v_now;
+            RETURN;
+        END IF;
+        INSERT INTO fleetcron_job
+            (namespace, job, paused, definition, fingerprint, updated_us)
+        VALUES (p_namespace, p_job, false, p_definition, p_fingerprint, v_now)
+        ON CONFLICT (namespace, job) DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- Finding the rows to claim again (queued, expired, due for a retry) without a scan.
+CREATE INDEX IF NOT EXISTS fleetcron_run_open
+    ON fleetcron_run (namespace, slot_us) WHERE state IN ('queued', 'running', 'failed');
+
+-- run_claim, one slot: the rules of fleetcron.stores.ledger.decide_claim. The clock is
+-- read once: the batch's clock when the runner set fleetcron.batch_now (every claim of a
+-- batch happens at one store time), else clock_timestamp(). The job lease row is created (expired) if missing so there is a row to lock;
+-- holding it serialises every claim of the job, so the run row read next is stable.
+-- Exactly one row comes back: r_status (fleetcron.models.CLAIM_STATUSES), and the claimed
+-- run's columns when it is 'claimed' (NULL otherwise).
+CREATE OR REPLACE FUNCTION fleetcron_run_claim(
+    p_namespace text, p_job text, p_lease_name text, p_slot_us bigint, p_run_id text,
+    p_exclusive boolean, p_max_attempts integer, p_trigger text, p_least_us bigint,
+    p_holder text, p_ttl_us bigint, p_lost_error text, p_deadline_us bigint,
+    p_missed_error text
+) RETURNS TABLE (
+    r_status text, r_job text, r_slot_us bigint, r_state text, r_attempt integer, r_fence bigint,
+    r_holder text, r_run_id text, r_trigger text, r_started_us bigint,
+    r_finished_us bigint, r_expires_us bigint, r_retry_at_us bigint,
+    r_cancel_requested boolean, r_exit_code integer, r_error text, r_output text,
+    r_now_us bigint
+) LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_t       timestamptz := coalesce(
+        nullif(current_setting('fleetcron.batch_now', true), '')::timestamptz,
+        clock_timestamp());
+    v_now     bigint := (extract(epoch FROM v_t) * 1000000)::bigint;
+    v_paused  boolean;
+    v_state   text;
+    v_run     fleetcron_run%ROWTYPE;
+    v_has_run boolean;
+    v_lease   fleetcron_lease%ROWTYPE;
+    v_attempt integer := 1;
+    v_note    text := NULL;
+    v_fence   bigint;
+    v_missed  boolean;
+    v_expires bigint;
+BEGIN
+    -- 1. A slot the store's clock has not reached.
+    IF p_slot_us > v_now THEN
+        r_status := 'not_due';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- 2. A paused job's schedule (pausing only ever updates an existing row).
+    SELECT j.paused INTO v_paused FROM fleetcron_job AS j
+     WHERE j.namespace = p_namespace AND j.job = p_job;
+    IF coalesce(v_paused, false) AND p_trigger = 'schedule' THEN
+        r_status := 'paused';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- A final row other than failed never changes again, and a running attempt whose
+    -- lease is valid at v_now cannot be claimed at v_now: refuse without locking (most
+    -- claims a busy fleet sends are for slots another replica already has).
+    SELECT r.state, r.expires_us INTO v_state, v_expires FROM fleetcron_run AS r
+     WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us;
+    IF (v_state IS NOT NULL AND v_state NOT IN ('running', 'failed', 'queued'))
+       OR (v_state = 'running' AND v_expires > v_now) THEN
+        r_status := 'taken';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- Lock the job lease row (made, expired, if missing; prune may remove it meanwhile).
+    LOOP
+        SELECT * INTO v_lease FROM fleetcron_lease AS l
+         WHERE l.namespace = p_namespace AND l.name = p_lease_name
+           FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO fleetcron_lease
+            (namespace, name, holder, fence, acquired_at, expires_at, min_until)
+        VALUES (p_namespace, p_lease_name, '', 0, 'epoch', 'epoch', 'epoch')
+        ON CONFLICT (namespace, name) DO NOTHING;
+    END LOOP;
+    -- 3. The run row, locked.
+    SELECT * INTO v_run FROM fleetcron_run AS r
+     WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us
+       FOR UPDATE;
+    v_has_run := FOUND;
+    IF v_has_run THEN
+        IF v_run.state = 'running' AND v_run.expires_us IS NOT NULL
+           AND v_run.expires_us <= v_now THEN
+            IF v_run.attempt >= p_max_attempts THEN
+                UPDATE fleetcron_run AS r
+                   SET state = 'lost', finished_us = v_now, expires_us = NULL,
+                       error = p_lost_error
+                 WHERE r.namespace = p_namespace AND r.job = p_job
+                   AND r.slot_us = p_slot_us;
+                r_status := 'taken';
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            v_attempt := v_run.attempt + 1;
+            v_note := 'attempt ' || v_run.attempt || ' lost: ' || p_lost_error;
+        ELSIF v_run.state = 'queued' THEN
+            v_attempt := 1;  -- asked for by a trigger or a backfill
+        ELSIF v_run.state = 'failed' AND v_run.retry_at_us IS NOT NULL
+              AND v_run.retry_at_us <= v_now AND v_run.attempt < p_max_attempts THEN
+            v_attempt := v_run.attempt + 1;
+        ELSE
+            r_status := 'taken';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    ELSIF p_deadline_us IS NOT NULL AND v_now > p_deadline_us THEN
+        -- 4. No row and past the claim's deadline: recorded as missed, not run.
+        INSERT INTO fleetcron_run
+            (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger,
+             started_us, finished_us, expires_us, retry_at_us, cancel_requested,
+             exit_code, error, output)
+        VALUES (p_namespace, p_job, p_slot_us, 'missed', 0, 0, '', '', p_trigger, NULL,
+                v_now, NULL, NULL, false, NULL, p_missed_error, NULL)
+        ON CONFLICT (namespace, job, slot_us) DO NOTHING;
+        v_missed := FOUND;
+        IF v_missed AND p_trigger IN ('schedule', 'exec') THEN
+            INSERT INTO fleetcron_job AS j
+                (namespace, job, paused, definition, fingerprint, high_water_us, updated_us)
+            VALUES (p_namespace, p_job, false, '{}', '', p_slot_us, v_now)
+            ON CONFLICT (namespace, job) DO UPDATE
+               SET high_water_us = greatest(j.high_water_us, excluded.high_water_us);
+        END IF;
+        r_status := CASE WHEN v_missed THEN 'missed' ELSE 'taken' END;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- 5. The job lease.
+    IF p_exclusive AND v_lease.expires_at > v_t THEN
+        r_status := 'busy';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    v_fence := greatest(v_lease.fence + 1, v_now);
+    -- 6. The run row (a final row recorded since the read above wins: nothing changes).
+    IF v_has_run THEN
+        UPDATE fleetcron_run AS r
+           SET state = 'running', attempt = v_attempt, fence = v_fence, holder = p_holder,
+               run_id = p_run_id, trigger = p_trigger, started_us = v_now,
+               finished_us = NULL, expires_us = v_now + p_ttl_us, retry_at_us = NULL,
+               cancel_requested = false, exit_code = NULL, error = v_note, output = NULL
+         WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us;
+    ELSE
+        INSERT INTO fleetcron_run
+            (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger,
+             started_us, finished_us, expires_us, retry_at_us, cancel_requested,
+             exit_code, error, output)
+        VALUES (p_namespace, p_job, p_slot_us, 'running', v_attempt, v_fence, p_holder,
+                p_run_id, p_trigger, v_now, NULL, v_now + p_ttl_us, NULL, false,
+                NULL, v_note, NULL)
+        ON CONFLICT (namespace, job, slot_us) DO NOTHING;
+        IF NOT FOUND THEN
+            r_status := 'taken';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_exclusive THEN
+        UPDATE fleetcron_lease AS l
+           SET holder = p_holder, fence = v_fence, acquired_at = v_t,
+               expires_at = v_t + p_ttl_us * interval '1 microsecond',
+               min_until = v_t + p_least_us * interval '1 microsecond'
+         WHERE l.namespace = p_namespace AND l.name = p_lease_name;
+    ELSE
+        UPDATE fleetcron_lease AS l SET fence = v_fence
+         WHERE l.namespace = p_namespace AND l.name = p_lease_name;
+    END IF;
+    -- 7. The job row and its high-water mark (schedule progress only: not manual runs).
+    INSERT INTO fleetcron_job AS j
+        (namespace, job, paused, definition, fingerprint, high_water_us, updated_us)
+    VALUES (p_namespace, p_job, false, '{}', '',
+            CASE WHEN p_trigger IN ('schedule', 'exec') THEN p_slot_us END, v_now)
+    ON CONFLICT (namespace, job) DO UPDATE
+       SET high_water_us = greatest(j.high_water_us, excluded.high_water_us);
+    RETURN QUERY SELECT 'claimed'::text, p_job, p_slot_us, 'running'::text, v_attempt, v_fence, p_holder,
+        p_run_id, p_trigger, v_now, NULL::bigint, v_now + p_ttl_us, NULL::bigint, false,
+        NULL::integer, v_note, NULL::text, v_now;
+END;
+$$;
+
+-- The slot claim reads the server's clock itself and nothing of the session: the batch
+-- clock the runner used to put in a session setting could reach another client's
+-- transaction behind PgBouncer in transaction pooling mode. A function a migration changes
+-- gets a new versioned name, so a replica still on the previous schema keeps calling
+-- fleetcron_run_claim while an upgraded one calls fleetcron_run_claim_v2 (a rolling upgrade).
+
+-- run_claim, one slot: the rules of fleetcron.stores.ledger.decide_claim, at the store time
+-- read once at the start. The job lease row is created (expired) if missing so there is a
+-- row to lock; holding it serialises every claim of the job, so the run row read next is
+-- stable. Exactly one row comes back: r_status (fleetcron.models.CLAIM_STATUSES), and the
+-- claimed run's columns when it is 'claimed' (NULL otherwise).
+CREATE OR REPLACE FUNCTION fleetcron_run_claim_v2(
+    p_namespace text, p_job text, p_lease_name text, p_slot_us bigint, p_run_id text,
+    p_exclusive boolean, p_max_attempts integer, p_trigger text, p_least_us bigint,
+    p_holder text, p_ttl_us bigint, p_lost_error text, p_deadline_us bigint,
+    p_missed_error text
+) RETURNS TABLE (
+    r_status text, r_job text, r_slot_us bigint, r_state text, r_attempt integer, r_fence bigint,
+    r_holder text, r_run_id text, r_trigger text, r_started_us bigint,
+    r_finished_us bigint, r_expires_us bigint, r_retry_at_us bigint,
+    r_cancel_requested boolean, r_exit_code integer, r_error text, r_output text,
+    r_now_us bigint
+) LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_t       timestamptz := clock_timestamp();
+    v_now     bigint := (extract(epoch FROM v_t) * 1000000)::bigint;
+    v_paused  boolean;
+    v_state   text;
+    v_run     fleetcron_run%ROWTYPE;
+    v_has_run boolean;
+    v_lease   fleetcron_lease%ROWTYPE;
+    v_attempt integer := 1;
+    v_note    text := NULL;
+    v_fence   bigint;
+    v_missed  boolean;
+    v_expires bigint;
+BEGIN
+    -- 1. A slot the store's clock has not reached.
+    IF p_slot_us > v_now THEN
+        r_status := 'not_due';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- 2. A paused job's schedule (pausing only ever updates an existing row).
+    SELECT j.paused INTO v_paused FROM fleetcron_job AS j
+     WHERE j.namespace = p_namespace AND j.job = p_job;
+    IF coalesce(v_paused, false) AND p_trigger = 'schedule' THEN
+        r_status := 'paused';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- A final row other than failed never changes again, and a running attempt whose
+    -- lease is valid at v_now cannot be claimed at v_now: refuse without locking (most
+    -- claims a busy fleet sends are for slots another replica already has).
+    SELECT r.state, r.expires_us INTO v_state, v_expires FROM fleetcron_run AS r
+     WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us;
+    IF (v_state IS NOT NULL AND v_state NOT IN ('running', 'failed', 'queued'))
+       OR (v_state = 'running' AND v_expires > v_now) THEN
+        r_status := 'taken';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- Lock the job lease row (made, expired, if missing; prune may remove it meanwhile).
+    LOOP
+        SELECT * INTO v_lease FROM fleetcron_lease AS l
+         WHERE l.namespace = p_namespace AND l.name = p_lease_name
+           FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO fleetcron_lease
+            (namespace, name, holder, fence, acquired_at, expires_at, min_until)
+        VALUES (p_namespace, p_lease_name, '', 0, 'epoch', 'epoch', 'epoch')
+        ON CONFLICT (namespace, name) DO NOTHING;
+    END LOOP;
+    -- 3. The run row, locked.
+    SELECT * INTO v_run FROM fleetcron_run AS r
+     WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us
+       FOR UPDATE;
+    v_has_run := FOUND;
+    IF v_has_run THEN
+        IF v_run.state = 'running' AND v_run.expires_us IS NOT NULL
+           AND v_run.expires_us <= v_now THEN
+            IF v_run.attempt >= p_max_attempts THEN
+                UPDATE fleetcron_run AS r
+                   SET state = 'lost', finished_us = v_now, expires_us = NULL,
+                       error = p_lost_error
+                 WHERE r.namespace = p_namespace AND r.job = p_job
+                   AND r.slot_us = p_slot_us;
+                r_status := 'taken';
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            v_attempt := v_run.attempt + 1;
+            v_note := 'attempt ' || v_run.attempt || ' lost: ' || p_lost_error;
+        ELSIF v_run.state = 'queued' THEN
+            v_attempt := 1;  -- asked for by a trigger or a backfill
+        ELSIF v_run.state = 'failed' AND v_run.retry_at_us IS NOT NULL
+              AND v_run.retry_at_us <= v_now AND v_run.attempt < p_max_attempts THEN
+            v_attempt := v_run.attempt + 1;
+        ELSE
+            r_status := 'taken';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    ELSIF p_deadline_us IS NOT NULL AND v_now > p_deadline_us THEN
+        -- 4. No row and past the claim's deadline: recorded as missed, not run.
+        INSERT INTO fleetcron_run
+            (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger,
+             started_us, finished_us, expires_us, retry_at_us, cancel_requested,
+             exit_code, error, output)
+        VALUES (p_namespace, p_job, p_slot_us, 'missed', 0, 0, '', '', p_trigger, NULL,
+                v_now, NULL, NULL, false, NULL, p_missed_error, NULL)
+        ON CONFLICT (namespace, job, slot_us) DO NOTHING;
+        v_missed := FOUND;
+        IF v_missed AND p_trigger IN ('schedule', 'exec') THEN
+            INSERT INTO fleetcron_job AS j
+                (namespace, job, paused, definition, fingerprint, high_water_us, updated_us)
+            VALUES (p_namespace, p_job, false, '{}', '', p_slot_us, v_now)
+            ON CONFLICT (namespace, job) DO UPDATE
+               SET high_water_us = greatest(j.high_water_us, excluded.high_water_us);
+        END IF;
+        r_status := CASE WHEN v_missed THEN 'missed' ELSE 'taken' END;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- 5. The job lease.
+    IF p_exclusive AND v_lease.expires_at > v_t THEN
+        r_status := 'busy';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    v_fence := greatest(v_lease.fence + 1, v_now);
+    -- 6. The run row (a final row recorded since the read above wins: nothing changes).
+    IF v_has_run THEN
+        UPDATE fleetcron_run AS r
+           SET state = 'running', attempt = v_attempt, fence = v_fence, holder = p_holder,
+               run_id = p_run_id, trigger = p_trigger, started_us = v_now,
+               finished_us = NULL, expires_us = v_now + p_ttl_us, retry_at_us = NULL,
+               cancel_requested = false, exit_code = NULL, error = v_note, output = NULL
+         WHERE r.namespace = p_namespace AND r.job = p_job AND r.slot_us = p_slot_us;
+    ELSE
+        INSERT INTO fleetcron_run
+            (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger,
+             started_us, finished_us, expires_us, retry_at_us, cancel_requested,
+             exit_code, error, output)
+        VALUES (p_namespace, p_job, p_slot_us, 'running', v_attempt, v_fence, p_holder,
+                p_run_id, p_trigger, v_now, NULL, v_now + p_ttl_us, NULL, false,
+                NULL, v_note, NULL)
+        ON CONFLICT (namespace, job, slot_us) DO NOTHING;
+        IF NOT FOUND THEN
+            r_status := 'taken';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_exclusive THEN
+        UPDATE fleetcron_lease AS l
+           SET holder = p_holder, fence = v_fence, acquired_at = v_t,
+               expires_at = v_t + p_ttl_us * interval '1 microsecond',
+               min_until = v_t + p_least_us * interval '1 microsecond'
+         WHERE l.namespace = p_namespace AND l.name = p_lease_name;
+    ELSE
+        UPDATE fleetcron_lease AS l SET fence = v_fence
+         WHERE l.namespace = p_namespace AND l.name = p_lease_name;
+    END IF;
+    -- 7. The job row and its high-water mark (schedule progress only: not manual runs).
+    INSERT INTO fleetcron_job AS j
+        (namespace, job, paused, definition, fingerprint, high_water_us, updated_us)
+    VALUES (p_namespace, p_job, false, '{}', '',
+            CASE WHEN p_trigger IN ('schedule', 'exec') THEN p_slot_us END, v_now)
+    ON CONFLICT (namespace, job) DO UPDATE
+       SET high_water_us = greatest(j.high_water_us, excluded.high_water_us);
+    RETURN QUERY SELECT 'claimed'::text, p_job, p_slot_us, 'running'::text, v_attempt, v_fence, p_holder,
+        p_run_id, p_trigger, v_now, NULL::bigint, v_now + p_ttl_us, NULL::bigint, false,
+        NULL::integer, v_note, NULL::text, v_now;
+END;
+$$;
