@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 __all__ = [
     "CLAIM_STATUSES",
     "FINAL_STATES",
+    "PAUSABLE_TRIGGERS",
     "PROGRESS_TRIGGERS",
     "RUN_STATES",
     "TRIGGERS",
@@ -79,6 +80,7 @@ RUN_STATES = (
 FINAL_STATES = frozenset(RUN_STATES) - {"queued", "running"}
 TRIGGERS = ("schedule", "manual", "backfill", "exec")
 PROGRESS_TRIGGERS = frozenset({"schedule", "exec"})  # claims that move a job's high-water mark
+PAUSABLE_TRIGGERS = frozenset({"schedule"})  # claims a paused job refuses
 
 
 def job_lease_name(job: str) -> str:
@@ -105,6 +107,17 @@ class SlotClaim:
     trigger: str = "schedule"
     least_us: int = 0
     deadline_us: int | None = None
+
+    @property
+    def moves_progress(self) -> bool:
+        """Whether claiming (or missing) the slot moves the job's high-water mark: schedule
+        progress, not a manual run or a backfill."""
+        return self.trigger in PROGRESS_TRIGGERS
+
+    @property
+    def pausable(self) -> bool:
+        """Whether a paused job refuses the claim (its schedule does; a trigger does not)."""
+        return self.trigger in PAUSABLE_TRIGGERS
 
 
 CLAIM_STATUSES = ("claimed", "not_due", "paused", "taken", "missed", "busy")

@@ -23,6 +23,12 @@ from fleetcron.stores.sql.postgres import PostgresStore
 from services import require_service
 
 MINUTE = 60_000_000
+# The claim statement of a replica of schema version 4, as its queries.sql sent it.
+CLAIM_V4 = """SELECT * FROM fleetcron_run_claim(
+    %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
+    %(run_id)s::text, %(exclusive)s::boolean, %(max_attempts)s::integer,
+    %(trigger)s::text, %(least_us)s::bigint, %(holder)s::text, %(ttl_us)s::bigint,
+    %(lost_error)s::text, %(deadline_us)s::bigint, %(missed_error)s::text)"""
 # Settings a client may send at start-up that PgBouncer tracks per client.
 _CLIENT_SETTINGS_ALLOWED = {"application_name", "client_encoding"}
 _SESSION_SETTINGS = """
@@ -171,13 +177,13 @@ def test_replicas_of_the_previous_and_the_new_schema_version_share_a_store(
     namespace: str,
 ) -> None:
     """A rolling upgrade: a replica still on schema version 4 calls fleetcron_run_claim,
-    an upgraded one fleetcron_run_claim_v2, on the same slots; each slot runs once."""
+    an upgraded one the claim function of today's queries.sql, on the same slots; each
+    slot runs once."""
     url = require_service("postgres")
     store = open_store(parse_store_url(url))  # migrated to the newest version
     assert isinstance(store, PostgresStore)
     new_text = store.queries["run_claim"]
-    old_text = new_text.replace("fleetcron_run_claim_v2(", "fleetcron_run_claim(")
-    assert old_text != new_text
+    assert "fleetcron_run_claim_v3(" in new_text
     now = store.run(store.ops.store_now())
     slot = now - now % MINUTE - MINUTE
     jobs = [f"job-{n}" for n in range(40)]
@@ -199,7 +205,7 @@ def test_replicas_of_the_previous_and_the_new_schema_version_share_a_store(
 
     try:
         threads = [
-            threading.Thread(target=replica, args=("old", old_text, jobs)),
+            threading.Thread(target=replica, args=("old", CLAIM_V4, jobs)),
             threading.Thread(target=replica, args=("new", new_text, jobs[::-1])),
         ]
         for thread in threads:

@@ -300,7 +300,7 @@ def test_redis_acquire_and_extend_return_none_when_the_script_refuses(reply: obj
 
 
 def test_redis_extend_binds_holder_fence_and_length() -> None:
-    execute = FakeExecute(["7", "1000", "2000", "1500", "1200"])
+    execute = FakeExecute([b"job", b"host:1:abc", 7, 1000, 2000, 1500, 1200])
 
     record = drive(REDIS.lease_extend("ns", "job", "host:1:abc", 7, 9_000), execute)
 
@@ -317,7 +317,7 @@ def test_redis_release_reports_the_scripts_answer(reply: int, released: bool) ->
 
 
 def test_redis_get_maps_the_stored_fields_or_none() -> None:
-    reply = [b"host:1:abc", b"7", b"1000", b"2000", b"1500", b"1200", b"job"]
+    reply = [b"job", b"host:1:abc", 7, 1000, 2000, 1500, 1200]
     execute = FakeExecute(reply, None)
 
     assert drive(REDIS.lease_get("ns", "job"), execute) == RECORD
@@ -330,8 +330,8 @@ def test_redis_list_scans_the_namespace_then_reads_every_key_in_one_batch() -> N
     execute = FakeExecute(
         keys,
         [
-            [b"h1", b"1", b"1", b"2", b"1", b"3", b"zeta"],
-            [b"h2", b"2", b"1", b"2", b"1", b"3", b"alpha"],
+            [b"zeta", b"h1", 1, 1, 2, 1, 3],
+            [b"alpha", b"h2", 2, 1, 2, 1, 3],
             None,  # deleted between SCAN and the read
         ],
     )

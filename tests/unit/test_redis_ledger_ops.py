@@ -45,28 +45,29 @@ def run_reply(
     slot: int = 1_000,
     *,
     state: str = "running",
-    cancel: bytes | None = b"0",
-    **fields: bytes | None,
-) -> list[bytes | None]:
-    """A ``run_row`` reply as redis-py returns it (bytes, nil for an absent field)."""
-    row: dict[str, bytes | None] = {
+    cancel: int = 0,
+    **fields: bytes | int | None,
+) -> list[bytes | int | None]:
+    """A ``run_row`` reply as redis-py returns it: the SQL stores' column order, numbers
+    as integers, text as bytes, NULL as None."""
+    row: dict[str, bytes | int | None] = {
         "job": job.encode(),
-        "slot": str(slot).encode(),
+        "slot": slot,
         "state": state.encode(),
-        "attempt": b"1",
-        "fence": b"7000",
+        "attempt": 1,
+        "fence": 7000,
         "holder": b"host:1:abc",
         "run_id": b"run-1",
         "trigger": b"schedule",
-        "started": b"7000",
+        "started": 7000,
         "finished": None,
-        "expires": b"9000",
+        "expires": 9000,
         "retry_at": None,
         "cancel": cancel,
         "exit_code": None,
         "error": None,
         "output": None,
-        "now": b"7000",
+        "now": 7000,
     }
     row.update(fields)
     return list(row.values())
@@ -93,7 +94,7 @@ RUNNING = RunRecord(
     now_us=7_000,
 )
 
-JOB_REPLY = [b"backup", b"0", b'{"cron": "@daily"}', b"fp", b"1000", None, b"800", b"500", b"7000"]
+JOB_REPLY = [b"backup", 0, b'{"cron": "@daily"}', b"fp", 1000, None, 800, 500, 7000]
 JOB_ROW = JobRecord(
     namespace=NS,
     job="backup",
@@ -170,9 +171,12 @@ REPORT_KEYS = (
 )
 BACKUP_3_KEYS = (LEASE, JOB, run_key(NS, "backup", 3_000), SLOTS)
 COMMON = ("host:1:abc", 5_000, NS, LOST_ERROR, MISSED_ERROR)
-BACKUP_1_ARGS = (1_000, "run-1", 1, 1, "schedule", 0, "backup", "fleetcron:job:backup", "")
-REPORT_ARGS = (2_000, "run-2", 0, 3, "manual", 50, "report", "fleetcron:job:report", "")
-BACKUP_3_ARGS = (3_000, "run-3", 1, 1, "backfill", 0, "backup", "fleetcron:job:backup", "=9000")
+# slot, run id, exclusive, attempts, trigger, least, job, lease, deadline, progress, pausable
+BACKUP_1_ARGS = (1_000, "run-1", 1, 1, "schedule", 0, "backup", "fleetcron:job:backup", "", 1, 1)
+REPORT_ARGS = (2_000, "run-2", 0, 3, "manual", 50, "report", "fleetcron:job:report", "", 0, 0)
+BACKUP_3_ARGS = (
+    3_000, "run-3", 1, 1, "backfill", 0, "backup", "fleetcron:job:backup", "=9000", 0, 0,
+)  # fmt: skip
 
 
 def test_a_claim_batch_on_one_server_is_one_script_call_deciding_every_claim() -> None:
@@ -247,12 +251,12 @@ def test_an_empty_claim_batch_asks_nothing() -> None:
 def test_a_reclaimed_row_maps_its_note_and_every_optional_field() -> None:
     reply = run_reply(
         state="running",
-        attempt=b"2",
+        attempt=2,
         error=f"attempt 1 lost: {LOST_ERROR}".encode(),
-        cancel=b"1",
-        exit_code=b"-9",
-        retry_at=b"8000",
-        finished=b"7500",
+        cancel=1,
+        exit_code=-9,
+        retry_at=8000,
+        finished=7500,
         output="naïve ☃".encode(),
     )
     [answer] = drive(
@@ -279,7 +283,7 @@ def test_a_reclaimed_row_maps_its_note_and_every_optional_field() -> None:
 
 # -- the other run operations ----------------------------------------------------------------
 def test_extend_binds_fence_and_length_on_the_lease_and_the_run_row() -> None:
-    execute = FakeExecute(run_reply(cancel=b"1"), False)
+    execute = FakeExecute(run_reply(cancel=1), False)
 
     renewed = drive(REDIS.run_extend(NS, "backup", 1_000, 7_000, 30_000), execute)
 

@@ -122,7 +122,7 @@ def decide_claim(
     """
     if claim.slot_us > now:
         return _refused("not_due")
-    if job is not None and job.paused and claim.trigger == "schedule":
+    if job is not None and job.paused and claim.pausable:
         return _refused("paused")
     attempt = 1
     note: str | None = None

@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.models import (
     FINAL_STATES,
-    PROGRESS_TRIGGERS,
     ClaimResult,
     JobRecord,
     LeaseRecord,
@@ -172,7 +171,7 @@ class _MemoryLedger:
                 )
                 if decision.closed is not None:
                     state.runs[(namespace, claim.job, claim.slot_us)] = decision.closed
-                    if decision.status == "missed" and claim.trigger in PROGRESS_TRIGGERS:
+                    if decision.status == "missed" and claim.moves_progress:
                         _raise_high_water(state, namespace, claim.job, claim.slot_us, now)
                 answers.append(
                     ClaimResult(
@@ -186,7 +185,7 @@ class _MemoryLedger:
                     continue
                 state.leases[lease_key] = replace(decision.lease, name=lease_key[1])
                 state.runs[(namespace, claim.job, claim.slot_us)] = decision.run
-                if claim.trigger in PROGRESS_TRIGGERS:
+                if claim.moves_progress:
                     _raise_high_water(state, namespace, claim.job, claim.slot_us, now)
             return answers
 

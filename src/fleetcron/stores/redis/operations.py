@@ -49,7 +49,13 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import Operation, acquired_record
+from fleetcron.stores.base import (
+    Operation,
+    acquired_record,
+    rows_to_jobs,
+    rows_to_records,
+    rows_to_runs,
+)
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
 
@@ -108,29 +114,9 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _record(namespace: str, name: str, holder: str, reply: list[Any]) -> LeaseRecord:
-    fence, acquired, expires, min_until, now = (int(_text(v)) for v in reply[:5])
-    return LeaseRecord(
-        namespace=namespace,
-        name=name,
-        holder=holder,
-        fence=fence,
-        acquired_us=acquired,
-        expires_us=expires,
-        min_until_us=min_until,
-        now_us=now,
-    )
-
-
-def _from_get(namespace: str, reply: Any) -> LeaseRecord | None:
-    if not reply:
-        return None
-    holder, name = _text(reply[0]), _text(reply[6])
-    return _record(namespace, name, holder, reply[1:6])
-
-
-def _int(value: Any) -> int | None:
-    return None if value is None else int(_text(value))
+def _lease(namespace: str, reply: Any) -> LeaseRecord | None:
+    """A lease row reply (the column order of the SQL stores), or ``None``."""
+    return rows_to_records(namespace, [reply])[0] if reply else None
 
 
 def _opt(value: object) -> str:
@@ -139,47 +125,13 @@ def _opt(value: object) -> str:
 
 
 def _run(namespace: str, reply: Any) -> RunRecord:
-    """Map a ``run_row`` reply: ``job, slot, state, attempt, fence, holder, run_id, trigger,
-    started, finished, expires, retry_at, cancel, exit_code, error, output, now``."""
-    row = list(reply)
-    return RunRecord(
-        namespace=namespace,
-        job=_text(row[0]),
-        slot_us=int(_text(row[1])),
-        state=_text(row[2]),
-        attempt=int(_text(row[3])),
-        fence=int(_text(row[4])),
-        holder=_text(row[5]),
-        run_id=_text(row[6]),
-        trigger=_text(row[7]),
-        started_us=_int(row[8]),
-        finished_us=_int(row[9]),
-        expires_us=_int(row[10]),
-        retry_at_us=_int(row[11]),
-        cancel_requested=row[12] is not None and _text(row[12]) == "1",
-        exit_code=_int(row[13]),
-        error=None if row[14] is None else _text(row[14]),
-        output=None if row[15] is None else _text(row[15]),
-        now_us=int(_text(row[16])),
-    )
+    """A ``run_row`` reply, decoded like a SQL store's row."""
+    return rows_to_runs(namespace, [reply])[0]
 
 
 def _job(namespace: str, reply: Any) -> JobRecord:
-    """Map a ``job_row`` reply: ``job, paused, definition, fingerprint, high_water,
-    last_success, last_failure, updated, now``."""
-    row = list(reply)
-    return JobRecord(
-        namespace=namespace,
-        job=_text(row[0]),
-        paused=row[1] is not None and _text(row[1]) == "1",
-        definition=_text(row[2]) if row[2] is not None else "{}",
-        fingerprint=_text(row[3]) if row[3] is not None else "",
-        high_water_us=_int(row[4]),
-        last_success_us=_int(row[5]),
-        last_failure_us=_int(row[6]),
-        updated_us=int(_text(row[7])),
-        now_us=int(_text(row[8])),
-    )
+    """A ``job_row`` reply, decoded like a SQL store's row."""
+    return rows_to_jobs(namespace, [reply])[0]
 
 
 class _RedisLeases:
@@ -202,7 +154,7 @@ class _RedisLeases:
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
     ) -> Operation[LeaseRecord | None]:
         reply = yield Script("lease_extend", (lease_key(namespace, name),), (holder, fence, ttl_us))
-        return _record(namespace, name, holder, reply) if reply else None
+        return _lease(namespace, reply)
 
     def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
         reply = yield Script("lease_release", (lease_key(namespace, name),), (holder, fence))
@@ -210,13 +162,13 @@ class _RedisLeases:
 
     def lease_get(self, namespace: str, name: str) -> Operation[LeaseRecord | None]:
         reply = yield Script("lease_get", (lease_key(namespace, name),), ())
-        return _from_get(namespace, reply)
+        return _lease(namespace, reply)
 
     def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
         keys = yield KeyScan(_namespace_pattern(namespace))
         keys = [key for key in keys if _is_lease_key(key)]
         replies = yield fan_out("lease_get", tuple(keys), ())
-        records = [r for r in (_from_get(namespace, reply) for reply in replies) if r]
+        records = [r for r in (_lease(namespace, reply) for reply in replies) if r]
         return sorted(records, key=lambda record: record.name)
 
     def lease_prune(
@@ -240,7 +192,7 @@ class _RedisLedger:
 
     def store_now(self) -> Operation[int]:
         reply = yield Script("store_now")
-        return int(_text(reply))
+        return int(reply)
 
     def run_claim(
         self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
@@ -445,4 +397,6 @@ def _claim_args(claim: SlotClaim) -> tuple[ScriptArg, ...]:
         claim.job,
         job_lease_name(claim.job),
         _opt(claim.deadline_us),
+        1 if claim.moves_progress else 0,
+        1 if claim.pausable else 0,
     )

@@ -2,7 +2,9 @@
 -- same loader as the SQL files. A block's `-- uses:` line names the blocks put before
 -- it: `now` (the server's TIME as `now`, in µs, and `s()` to format an integer) and
 -- `ledger` (row helpers of the run ledger). Every script documents its KEYS, its ARGV and
--- what it returns.
+-- what it returns. Rows come back in the column order of the SQL stores, numbers as
+-- integers (exact below 2^53) and NULL as false, so one decoder serves every backend
+-- (fleetcron.stores.base.rows_to_records / rows_to_runs / rows_to_jobs).
 
 -- name: now
 local t = redis.call('TIME')
@@ -15,19 +17,27 @@ local RUN_FIELDS = {'job', 'slot', 'state', 'attempt', 'fence', 'holder', 'run_i
                     'error', 'output'}
 local JOB_FIELDS = {'job', 'paused', 'definition', 'fingerprint', 'high_water',
                     'last_success', 'last_failure', 'updated'}
--- a run row as {RUN_FIELDS..., now} (absent fields are nil replies), false when absent
-local function run_row(key)
-  local row = redis.call('HMGET', key, unpack(RUN_FIELDS))
-  if not row[3] then return false end
-  row[17] = s(now)
-  return row
+-- a number field as an integer, an absent one as false (NULL)
+local function int(v)
+  if v then return tonumber(v) end
+  return false
 end
--- a job row as {JOB_FIELDS..., now}, false when absent
+-- a run row: job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+-- finished_us, expires_us, retry_at_us, cancel_requested (0/1), exit_code, error, output,
+-- now_us; false when absent
+local function run_row(key)
+  local r = redis.call('HMGET', key, unpack(RUN_FIELDS))
+  if not r[3] then return false end
+  return {r[1], int(r[2]), r[3], int(r[4]), int(r[5]), r[6], r[7], r[8], int(r[9]),
+          int(r[10]), int(r[11]), int(r[12]), int(r[13]) or 0, int(r[14]), r[15], r[16], now}
+end
+-- a job row: job, paused (0/1), definition, fingerprint, high_water_us, last_success_us,
+-- last_failure_us, updated_us, now_us; false when absent
 local function job_row(key)
-  local row = redis.call('HMGET', key, unpack(JOB_FIELDS))
-  if not row[1] then return false end
-  row[9] = s(now)
-  return row
+  local r = redis.call('HMGET', key, unpack(JOB_FIELDS))
+  if not r[1] then return false end
+  return {r[1], int(r[2]) or 0, r[3] or '{}', r[4] or '', int(r[5]), int(r[6]), int(r[7]),
+          int(r[8]), now}
 end
 -- an optional argument: '' is NULL, else '=' .. value
 local function opt(v)
@@ -69,13 +79,14 @@ return {fence, now}
 -- name: lease_extend
 -- uses: now
 -- KEYS[1] lease hash; ARGV: holder, fence, ttl_us
--- returns false unless held by exactly (holder, fence),
--- else {fence, acquired, expires, min_until, now}
-local cur = redis.call('HMGET', KEYS[1], 'holder', 'fence', 'expires', 'min_until', 'acquired')
+-- returns false unless held by exactly (holder, fence), else the lease row after the
+-- renewal: name, holder, fence, acquired_us, expires_us, min_until_us, now_us
+local cur = redis.call('HMGET', KEYS[1], 'holder', 'fence', 'expires', 'min_until', 'acquired',
+                      'name')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= now then return false end
 local expires = math.max(now + tonumber(ARGV[3]), tonumber(cur[4]))
 redis.call('HSET', KEYS[1], 'expires', s(expires))
-return {cur[2], cur[5], s(expires), cur[4], s(now)}
+return {cur[6], cur[1], tonumber(cur[2]), tonumber(cur[5]), expires, tonumber(cur[4]), now}
 
 -- name: lease_release
 -- uses: now
@@ -88,12 +99,13 @@ return 1
 
 -- name: lease_get
 -- uses: now
--- KEYS[1] lease hash; returns false when absent,
--- else {holder, fence, acquired, expires, min_until, now, name}
+-- KEYS[1] lease hash; returns false when absent, else the lease row: name, holder,
+-- fence, acquired_us, expires_us, min_until_us, now_us
 local cur = redis.call('HMGET', KEYS[1],
                       'holder', 'fence', 'acquired', 'expires', 'min_until', 'name')
 if not cur[2] then return false end
-return {cur[1], cur[2], cur[3], cur[4], cur[5], s(now), cur[6]}
+return {cur[6], cur[1], tonumber(cur[2]), tonumber(cur[3]), tonumber(cur[4]), tonumber(cur[5]),
+        now}
 
 -- name: lease_prune
 -- uses: now
@@ -111,19 +123,21 @@ return false
 -- name: run_claim
 -- uses: now, ledger
 -- KEYS: 4 per claim: job lease, job row, run row, slot index
--- ARGV: holder, ttl_us, namespace, lost error, missed error, then 9 per claim: slot_us,
+-- ARGV: holder, ttl_us, namespace, lost error, missed error, then 11 per claim: slot_us,
 --       run_id, exclusive (1/0), max_attempts, trigger, least_us, job, lease name,
---       deadline_us? (optional: '' is none)
+--       deadline_us? (optional: '' is none), progress (1/0: claiming or missing the slot
+--       moves the high-water mark), pausable (1/0: a paused job refuses the claim)
 -- returns one reply per claim, in order: the claimed run row (see run_row), or why the
 -- slot was not claimed: 'not_due', 'paused', 'taken', 'missed' or 'busy'. Every claim is
 -- decided at the same TIME, in order, each one seeing the writes of those before it.
 local holder, ttl, namespace, lost_error = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local missed_error = ARGV[5]
 local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, exclusive,
-                     max_attempts, trigger, least, job, lease_name, deadline_arg)
+                     max_attempts, trigger, least, job, lease_name, deadline_arg, progress,
+                     pausable)
   local slot = tonumber(slot_arg)
   if slot > now then return 'not_due' end
-  if trigger == 'schedule' and redis.call('HGET', job_key, 'paused') == '1' then
+  if pausable == '1' and redis.call('HGET', job_key, 'paused') == '1' then
     return 'paused'
   end
   local attempt, note = 1, nil
@@ -153,7 +167,7 @@ local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, e
                  'finished', s(now), 'cancel', '0', 'error', missed_error)
       redis.call('ZADD', slots_key, slot_arg, slot_arg)
       ensure_job(job_key, job)
-      if trigger == 'schedule' or trigger == 'exec' then raise_high_water(job_key, slot_arg) end
+      if progress == '1' then raise_high_water(job_key, slot_arg) end
       return 'missed'
     end
   end
@@ -178,15 +192,16 @@ local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, e
   if note then redis.call('HSET', run_key, 'error', note) end
   redis.call('ZADD', slots_key, slot_arg, slot_arg)
   ensure_job(job_key, job)
-  if trigger == 'schedule' or trigger == 'exec' then raise_high_water(job_key, slot_arg) end
+  if progress == '1' then raise_high_water(job_key, slot_arg) end
   return run_row(run_key)
 end
 local replies = {}
 for i = 1, #KEYS / 4 do
-  local k, a = (i - 1) * 4, 5 + (i - 1) * 9
+  local k, a = (i - 1) * 4, 5 + (i - 1) * 11
   replies[i] = claim(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
                      ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
-                     ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9])
+                     ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9],
+                     ARGV[a + 10], ARGV[a + 11])
 end
 return replies
 
@@ -356,5 +371,5 @@ return job_row(KEYS[1])
 
 -- name: store_now
 -- uses: now
--- no KEYS, no ARGV; returns the server's TIME in µs as a decimal string
-return s(now)
+-- no KEYS, no ARGV; returns the server's TIME in µs (an integer)
+return now

@@ -126,6 +126,8 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
         "exclusive": claim.exclusive,
         "max_attempts": claim.max_attempts,
         "trigger": claim.trigger,
+        "progress": claim.moves_progress,
+        "pausable": claim.pausable,
         "least_us": claim.least_us,
         "holder": holder,
         "ttl_us": ttl_us,

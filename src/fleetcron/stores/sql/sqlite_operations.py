@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from fleetcron.models import (
-    PROGRESS_TRIGGERS,
     ClaimResult,
     JobRecord,
     LeaseRecord,
@@ -114,7 +113,7 @@ class SqliteOperations(SqlOperations, SqlLedger):
             )
             if decision.closed is not None:
                 yield self._put_run(decision.closed)
-                if decision.status == "missed" and claim.trigger in PROGRESS_TRIGGERS:
+                if decision.status == "missed" and claim.moves_progress:
                     yield from self._raise_high_water(namespace, claim.job, claim.slot_us, now)
             answers.append(
                 ClaimResult(
@@ -126,7 +125,7 @@ class SqliteOperations(SqlOperations, SqlLedger):
             new_lease = LeaseRecord(**{**asdict(decision.lease), "name": lease_name})
             yield self._put_lease(new_lease)
             yield self._put_run(decision.run)
-            if claim.trigger in PROGRESS_TRIGGERS:
+            if claim.moves_progress:
                 yield from self._raise_high_water(namespace, claim.job, claim.slot_us, now)
         return answers
 

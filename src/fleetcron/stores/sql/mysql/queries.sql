@@ -143,7 +143,7 @@ ON DUPLICATE KEY UPDATE updated_us = updated_us;
 SELECT paused INTO @fc_paused FROM fleetcron_job
  WHERE namespace = %(namespace)s AND job = %(job)s AND @fc_go = 1
    FOR UPDATE;
-SET @fc_go = IF(@fc_go = 1 AND NOT (COALESCE(@fc_paused, 0) = 1 AND %(trigger)s = 'schedule'),
+SET @fc_go = IF(@fc_go = 1 AND NOT (COALESCE(@fc_paused, 0) = 1 AND %(pausable)s = 1),
                 1, 0);
 -- A final row other than failed never changes again: refuse before touching the lease.
 SELECT state INTO @fc_pre FROM fleetcron_run
@@ -181,7 +181,7 @@ SET @fc_ok = IF(@fc_can = 1 AND NOT (%(exclusive)s AND @fc_lheld = 1), 1, 0);
 -- The answer (fleetcron.models.CLAIM_STATUSES): the first rule that refused, or claimed.
 SET @fc_why = CASE
     WHEN %(slot_us)s > @fc_now THEN 'not_due'
-    WHEN COALESCE(@fc_paused, 0) = 1 AND %(trigger)s = 'schedule' THEN 'paused'
+    WHEN COALESCE(@fc_paused, 0) = 1 AND %(pausable)s = 1 THEN 'paused'
     WHEN @fc_miss = 1 THEN 'missed'
     WHEN @fc_ok = 1 THEN 'claimed'
     WHEN @fc_can = 1 THEN 'busy'
@@ -234,7 +234,7 @@ UPDATE fleetcron_lease
 UPDATE fleetcron_job
    SET high_water_us = GREATEST(COALESCE(high_water_us, %(slot_us)s), %(slot_us)s)
  WHERE namespace = %(namespace)s AND job = %(job)s AND (@fc_ok = 1 OR @fc_miss = 1)
-   AND %(trigger)s IN ('schedule', 'exec');
+   AND %(progress)s = 1;
 -- Exactly one row: the answer, then the claimed run's columns (NULL when not claimed).
 SELECT @fc_why, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id,
        r.`trigger`, r.started_us, r.finished_us, r.expires_us, r.retry_at_us,

@@ -123,11 +123,12 @@ SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
 
 -- name: run_claim
 -- Executed once per slot in one pipeline; each execution is its own transaction.
-SELECT * FROM fleetcron_run_claim_v2(
+SELECT * FROM fleetcron_run_claim_v3(
     %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
     %(run_id)s::text, %(exclusive)s::boolean, %(max_attempts)s::integer,
     %(trigger)s::text, %(least_us)s::bigint, %(holder)s::text, %(ttl_us)s::bigint,
-    %(lost_error)s::text, %(deadline_us)s::bigint, %(missed_error)s::text);
+    %(lost_error)s::text, %(deadline_us)s::bigint, %(missed_error)s::text,
+    %(progress)s::boolean, %(pausable)s::boolean);
 
 -- name: run_extend
 SELECT * FROM fleetcron_run_extend(

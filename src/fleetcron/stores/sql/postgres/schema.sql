@@ -347,22 +347,16 @@ BEGIN
 END;
 $$;
 
--- The slot claim reads the server's clock itself and nothing of the session: the batch
--- clock the runner used to put in a session setting could reach another client's
--- transaction behind PgBouncer in transaction pooling mode. A function a migration changes
--- gets a new versioned name, so a replica still on the previous schema keeps calling
--- fleetcron_run_claim while an upgraded one calls fleetcron_run_claim_v2 (a rolling upgrade).
-
 -- run_claim, one slot: the rules of fleetcron.stores.ledger.decide_claim, at the store time
 -- read once at the start. The job lease row is created (expired) if missing so there is a
 -- row to lock; holding it serialises every claim of the job, so the run row read next is
 -- stable. Exactly one row comes back: r_status (fleetcron.models.CLAIM_STATUSES), and the
 -- claimed run's columns when it is 'claimed' (NULL otherwise).
-CREATE OR REPLACE FUNCTION fleetcron_run_claim_v2(
+CREATE OR REPLACE FUNCTION fleetcron_run_claim_v3(
     p_namespace text, p_job text, p_lease_name text, p_slot_us bigint, p_run_id text,
     p_exclusive boolean, p_max_attempts integer, p_trigger text, p_least_us bigint,
     p_holder text, p_ttl_us bigint, p_lost_error text, p_deadline_us bigint,
-    p_missed_error text
+    p_missed_error text, p_progress boolean, p_pausable boolean
 ) RETURNS TABLE (
     r_status text, r_job text, r_slot_us bigint, r_state text, r_attempt integer, r_fence bigint,
     r_holder text, r_run_id text, r_trigger text, r_started_us bigint,
@@ -393,7 +387,7 @@ BEGIN
     -- 2. A paused job's schedule (pausing only ever updates an existing row).
     SELECT j.paused INTO v_paused FROM fleetcron_job AS j
      WHERE j.namespace = p_namespace AND j.job = p_job;
-    IF coalesce(v_paused, false) AND p_trigger = 'schedule' THEN
+    IF coalesce(v_paused, false) AND p_pausable THEN
         r_status := 'paused';
         RETURN NEXT;
         RETURN;
@@ -460,7 +454,7 @@ BEGIN
                 v_now, NULL, NULL, false, NULL, p_missed_error, NULL)
         ON CONFLICT (namespace, job, slot_us) DO NOTHING;
         v_missed := FOUND;
-        IF v_missed AND p_trigger IN ('schedule', 'exec') THEN
+        IF v_missed AND p_progress THEN
             INSERT INTO fleetcron_job AS j
                 (namespace, job, paused, definition, fingerprint, high_water_us, updated_us)
             VALUES (p_namespace, p_job, false, '{}', '', p_slot_us, v_now)
@@ -515,7 +509,7 @@ BEGIN
     INSERT INTO fleetcron_job AS j
         (namespace, job, paused, definition, fingerprint, high_water_us, updated_us)
     VALUES (p_namespace, p_job, false, '{}', '',
-            CASE WHEN p_trigger IN ('schedule', 'exec') THEN p_slot_us END, v_now)
+            CASE WHEN p_progress THEN p_slot_us END, v_now)
     ON CONFLICT (namespace, job) DO UPDATE
        SET high_water_us = greatest(j.high_water_us, excluded.high_water_us);
     RETURN QUERY SELECT 'claimed'::text, p_job, p_slot_us, 'running'::text, v_attempt, v_fence, p_holder,
