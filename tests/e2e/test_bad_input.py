@@ -173,7 +173,7 @@ FAKE_NFS = """
 import sys
 from pathlib import Path
 from fleetcron.cli.main import main
-from fleetcron.stores import sqlite
+from fleetcron.stores.sql import sqlite
 
 # Pretend the test directory is an NFS mount: check_sqlite_path reads mountinfo.
 sqlite.check_sqlite_path.__kwdefaults__["mountinfo"] = Path(sys.argv[1])
