@@ -30,7 +30,7 @@ from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.context import RunContext
 from fleetcron.environment import child_environment
 from fleetcron.isolated import PAYLOAD_ENV, child_command, child_payload
-from fleetcron.jobsfile import CallTarget, CommandTarget, JobSpec
+from fleetcron.jobspec import CallTarget, CommandTarget, JobSpec
 from fleetcron.keepalive import stop_points
 from fleetcron.models import RunOutcome, micros_to_datetime
 from fleetcron.stores.ledger import OUTPUT_LIMIT

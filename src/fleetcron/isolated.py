@@ -27,7 +27,7 @@ from typing import Any
 
 from fleetcron.context import RunContext
 from fleetcron.errors import RunCancelled
-from fleetcron.jobsfile import CallTarget
+from fleetcron.jobspec import CallTarget
 
 __all__ = ["PAYLOAD_ENV", "child_command", "child_payload", "main"]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobsfile import JobSpec, job_spec
+from fleetcron.jobspec import JobSpec, job_spec
 
 __all__ = ["JobRegistry"]
 

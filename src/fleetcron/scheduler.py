@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from fleetcron._log import log
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError, StoreError
-from fleetcron.jobsfile import JobSpec
+from fleetcron.jobspec import JobSpec
 from fleetcron.lease import new_holder
 from fleetcron.models import ClaimResult, JobRecord, RunRecord, SlotClaim
 from fleetcron.scheduling.leadership import LEADER_LEASE, Elector

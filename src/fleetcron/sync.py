@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobsfile import JobSpec
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import RunRecord
 from fleetcron.portal import Portal
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions

@@ -203,3 +203,18 @@ def test_a_sqlite_path_on_a_network_filesystem_is_refused(
     )
     assert_clean_error(result, EXIT_USAGE, "network filesystem (nfs4)", str(share / "fc.db"))
     assert list(share.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_jobs_file_that_is_not_a_regular_file_is_refused_at_once(
+    sqlite_cli: Cli, tmp_path: Path, kind: str
+) -> None:
+    jobs = tmp_path / "jobs.toml"
+    if kind == "device":
+        jobs.symlink_to("/dev/zero")  # read whole, it would take every byte of memory
+    else:
+        os.mkfifo(jobs)  # read, it would wait for a writer forever
+
+    result = sqlite_cli.run("run", str(jobs), timeout=30)
+
+    assert_clean_error(result, EXIT_USAGE, str(jobs), "not a regular file")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -7,16 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetcron import jobsfile
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobsfile import (
-    DEFAULTS,
-    CallTarget,
-    CommandTarget,
-    JobsFile,
-    job_spec,
-    load_jobs_file,
-    unique_jobs,
-)
+from fleetcron.jobsfile import JobsFile, load_jobs_file
+from fleetcron.jobspec import DEFAULTS, CallTarget, CommandTarget, job_spec, unique_jobs
 from fleetcron.schedules import AtSchedule, CronSchedule, EverySchedule, from_datetime
 
 SECOND = 1_000_000
@@ -365,6 +360,28 @@ def test_a_missing_jobs_file_is_reported(tmp_path: Path) -> None:
 
 def test_a_directory_is_not_a_jobs_file(tmp_path: Path) -> None:
     assert "is a directory" in load_error(tmp_path)
+
+
+def test_a_device_behind_a_symlink_is_refused_not_read(tmp_path: Path) -> None:
+    link = tmp_path / "jobs.toml"
+    link.symlink_to("/dev/zero")  # would grow the process without end if read whole
+    assert load_error(link) == (
+        f"{link}: not a regular file (a pipe, socket or device); a jobs file must be a file"
+    )
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "jobs.toml"
+    os.mkfifo(fifo)
+    assert "not a regular file" in load_error(fifo)
+
+
+def test_a_jobs_file_larger_than_the_limit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jobsfile, "MAX_JOBS_FILE_BYTES", 64)
+    path = write(tmp_path, "# " + "x" * 100 + '\n[jobs.a]\nevery = "1m"\ncommand = ["true"]\n')
+    assert "larger than" in load_error(path)
 
 
 def test_invalid_toml_reports_line_and_column(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 from fleetcron import Fleet
 from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError, StoreUnavailable
-from fleetcron.jobsfile import JobSpec, job_spec
+from fleetcron.jobspec import JobSpec, job_spec
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling import planning

@@ -13,7 +13,7 @@ import heapq
 import uuid
 from dataclasses import dataclass, field
 
-from fleetcron.jobsfile import JobSpec
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import SlotClaim
 from fleetcron.schedules import jitter_us
 

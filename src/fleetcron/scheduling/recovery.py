@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from fleetcron.jobsfile import JobSpec
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import SlotClaim
 from fleetcron.scheduling.planning import claim_for
 from fleetcron.stores.base import AsyncStore

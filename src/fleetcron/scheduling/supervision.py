@@ -20,7 +20,7 @@ from fleetcron.clock import Clock
 from fleetcron.context import RunContext
 from fleetcron.errors import StoreError
 from fleetcron.executor import Cancellation, StopPolicy, execute
-from fleetcron.jobsfile import JobSpec
+from fleetcron.jobspec import JobSpec
 from fleetcron.keepalive import effective_grace_us
 from fleetcron.lease import LeaseTerms
 from fleetcron.models import RunOutcome, RunRecord
