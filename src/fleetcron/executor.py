@@ -18,6 +18,7 @@ import codecs
 import contextlib
 import inspect
 import os
+import queue
 import signal
 import threading
 from collections import deque
@@ -299,9 +300,39 @@ def _killpg(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
+class _DaemonThreads:
+    """The threads plain job functions run in. Daemon threads, so that one stuck in a
+    function abandoned after its cancellation never keeps the process from exiting (the
+    default executor's threads are joined at exit); idle ones are reused, since starting a
+    thread per run costs more than the run of a short job."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+        if start:
+            threading.Thread(target=self._serve, name="fleetcron-job", daemon=True).start()
+        self._queue.put(work)
+
+    def _serve(self) -> None:
+        while True:
+            self._queue.get()()
+            with self._lock:
+                self._idle += 1
+
+
+# One set per process, like asyncio's default executor: threads are a process's resource.
+_THREADS = _DaemonThreads()
+
+
 def _in_daemon_thread(function: Callable[[RunContext], object], ctx: RunContext) -> Any:
-    """Run ``function(ctx)`` in a thread of its own; a future of its result. A daemon
-    thread: one abandoned after its cancellation must not keep the process from exiting."""
+    """Run ``function(ctx)`` in a daemon thread; a future of its result."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[object] = loop.create_future()
 
@@ -323,7 +354,7 @@ def _in_daemon_thread(function: Callable[[RunContext], object], ctx: RunContext)
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, result, None)
 
-    threading.Thread(target=body, name=f"fleetcron-job:{ctx.job}", daemon=True).start()
+    _THREADS.submit(body)
     return future
 
 
