@@ -29,6 +29,7 @@ from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError
 from fleetcron.fleet import Fleet
+from fleetcron.keepalive import effective_grace_us, stop_points
 from fleetcron.lease import Lease, new_holder
 from fleetcron.models import RunOutcome, SlotClaim, micros_to_datetime
 from fleetcron.schedules import Schedule
@@ -97,7 +98,7 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
             f"--skipped-exit-code must be between 0 and 255, got {args.skipped_exit_code}"
         )
     grace = (
-        min(5_000_000, most // 6)
+        effective_grace_us(5_000_000, most)
         if args.kill_grace is None
         else option_micros(args.kill_grace, "--kill-grace", positive=False)
     )
@@ -122,24 +123,28 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
 
 
 class _Supervisor:
-    """Runs the child and stops its process group when it must stop."""
+    """Runs the child and stops its process group on time: the stop sequence of
+    :mod:`fleetcron.keepalive` — SIGTERM when asked to stop, or a grace before the lease's
+    local deadline; SIGKILL a grace after the SIGTERM, and at the deadline at the latest."""
 
-    def __init__(self, child: subprocess.Popen[bytes], grace_s: float) -> None:
+    def __init__(self, child: subprocess.Popen[bytes], lease: Lease, grace_us: int) -> None:
         self.child = child
-        self.grace_s = grace_s
+        self.lease = lease
+        self.grace_us = grace_us
         self.reason: str | None = None
-        self._kill_at: float | None = None
+        self._asked_at_us: int | None = None
+        self._term_sent = False
         self._lock = threading.Lock()
 
-    def stop(self, reason: str, *, kill_at: float | None = None) -> None:
-        """SIGTERM the group now (first reason wins); SIGKILL at ``kill_at`` or after grace."""
+    def stop(self, reason: str) -> None:
+        """Ask the group to stop now (SIGTERM; the first reason wins)."""
         with self._lock:
             if self.reason is None:
                 self.reason = reason
+                self._asked_at_us = self.lease.clock.monotonic_us()
+            if not self._term_sent:
+                self._term_sent = True
                 self._signal(signal.SIGTERM)
-            deadline = kill_at if kill_at is not None else time.monotonic() + self.grace_s
-            if self._kill_at is None or deadline < self._kill_at:
-                self._kill_at = deadline
 
     def forward(self, signum: int) -> None:
         self._signal(signal.Signals(signum))
@@ -150,10 +155,22 @@ class _Supervisor:
         except ProcessLookupError:
             pass
 
-    def escalate(self) -> None:
-        with self._lock:
-            if self._kill_at is not None and time.monotonic() >= self._kill_at:
-                self._signal(signal.SIGKILL)
+    def enforce(self) -> float:
+        """Send what is due now; return the seconds until the next stop point (or a poll)."""
+        now = self.lease.clock.monotonic_us()
+        points = stop_points(
+            deadline_us=self.lease.deadline_us,
+            grace_us=self.grace_us,
+            asked_at_us=self._asked_at_us,
+        )
+        if points.term_at is not None and now >= points.term_at:
+            # Without a successful renewal the group must be gone by the local deadline.
+            self.stop("lease_lost")
+        if points.kill_at is not None and now >= points.kill_at:
+            self._signal(signal.SIGKILL)
+        upcoming = [t for t in (points.term_at, points.kill_at) if t is not None and t > now]
+        until_next = (min(upcoming) - now) / 1e6 if upcoming else _POLL_SECONDS
+        return max(0.001, min(_POLL_SECONDS, until_next))
 
 
 def _status(returncode: int) -> int:
@@ -276,28 +293,25 @@ def _run_child(
         run_id,
         extra={"action": "run_started", "lock": options.name, "fence": lease.fence},
     )
-    grace_s = options.kill_grace_us / 1e6
-    supervisor = _Supervisor(child, grace_s)
+    supervisor = _Supervisor(child, lease, options.kill_grace_us)
     lease.on_lost(lambda _: supervisor.stop("lease_lost"))
     forward_to.append(supervisor)
     for signum in pending:
         supervisor.forward(signum)
     started = time.monotonic()
+    wait_s = supervisor.enforce()
     while True:
         try:
-            returncode = child.wait(timeout=_POLL_SECONDS)
+            returncode = child.wait(timeout=wait_s)
             break
         except subprocess.TimeoutExpired:
             pass
-        now = time.monotonic()
-        deadline_s = lease.remaining_us() / 1e6
-        # Without a successful renewal the group must be gone by the local deadline:
-        # SIGTERM a grace period before it, SIGKILL at it.
-        if deadline_s <= grace_s:
-            supervisor.stop("lease_lost", kill_at=now + max(deadline_s, 0))
-        if options.timeout_us is not None and now - started >= options.timeout_us / 1e6:
+        if (
+            options.timeout_us is not None
+            and time.monotonic() - started >= options.timeout_us / 1e6
+        ):
             supervisor.stop("timeout")
-        supervisor.escalate()
+        wait_s = supervisor.enforce()
     if supervisor.reason == "lease_lost" or lease.is_lost:
         log.error(
             "lease on %s lost; command stopped (exit %d)",
