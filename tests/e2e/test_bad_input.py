@@ -107,6 +107,11 @@ def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path)
         ("sqlite://", "names no database file"),
         ("sqlite:///tmp/a%00b.db", "the path contains a NUL byte"),
         ("", "backend URL is empty"),
+        ("postgresql://app:hunter2/x@127.0.0.1:5999/test", "percent-encoded"),
+        ("postgresql://app:hunter2#x@127.0.0.1:5999/test", "percent-encoded"),
+        ("postgresql://app:hunter2@Xy9z@127.0.0.1:5999/test", "percent-encoded"),
+        ("mysql://root:hunter2?x@127.0.0.1:3306/test", "percent-encoded"),
+        ("redis://:hunter2/x@127.0.0.1:6379/0", "percent-encoded"),
     ],
 )
 def test_a_bad_backend_url_is_refused(

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from e2e.helpers import Cli, alive, assert_clean_error, read_when_written, wait_for
+from e2e.helpers import (
+    CROSS_PROCESS_BACKENDS,
+    Cli,
+    alive,
+    assert_clean_error,
+    read_when_written,
+    wait_for,
+)
 from fleetcron.cli.exitcodes import (
     EXIT_CANNOT_EXECUTE,
     EXIT_LEASE_LOST,
@@ -17,6 +24,7 @@ from fleetcron.cli.exitcodes import (
     EXIT_STORE_UNAVAILABLE,
     EXIT_TIMEOUT,
 )
+from fleetcron.stores import open_store, parse_store_url
 
 
 def test_exit_status_is_the_commands_own(sqlite_cli: Cli) -> None:
@@ -136,3 +144,69 @@ def test_timeout_kills_the_group_and_gives_124(sqlite_cli: Cli, tmp_path: Path) 
     marker = tmp_path / "marker"
     assert sqlite_cli.run("exec", "job", "--", "touch", str(marker)).returncode == 0
     assert marker.exists(), "the lease was not released after the timeout"
+
+
+def _store_now_us(cli: Cli) -> int:
+    store = open_store(parse_store_url(cli.backend))
+    try:
+        return store.run(store.ops.store_now())
+    finally:
+        store.close()
+
+
+def _lease_expiry_us(cli: Cli, name: str) -> int:
+    store = open_store(parse_store_url(cli.backend))
+    try:
+        record = store.run(store.ops.lease_get(cli.namespace, name))
+    finally:
+        store.close()
+    assert record is not None
+    return record.expires_us
+
+
+@CROSS_PROCESS_BACKENDS
+@pytest.mark.parametrize("keepalive", [True, False], ids=["keepalive", "no-keepalive"])
+@pytest.mark.parametrize("ledger", [False, True], ids=["lock", "schedule"])
+def test_exec_paused_past_its_lease_exits_76_even_when_the_command_succeeded(
+    cli: Cli, tmp_path: Path, ledger: bool, keepalive: bool
+) -> None:
+    # Without keepalive nothing else in the process can notice the expiry first: the exit
+    # status alone must say that the lease was lost.
+    started, go, done = tmp_path / "started", tmp_path / "go", tmp_path / "done"
+    script = (
+        f'echo started > "{started}"; while [ ! -e "{go}" ]; do sleep 0.02; done; '
+        f'echo ok > "{done}"'
+    )
+    options = ["--schedule", "* * * * *"] if ledger else []
+    options += [] if keepalive else ["--no-keepalive"]
+    exec_ = cli.spawn("exec", "paused", *options, "--lock-at-most", "1s", "--", "sh", "-c", script)
+    read_when_written(started, timeout=30)
+    exec_.proc.send_signal(signal.SIGSTOP)  # fleetcron exec, not the command's own group
+    try:
+        go.touch()
+        read_when_written(done, timeout=30)  # the command succeeded while exec was paused
+        # Nothing renews while exec is paused (a renewal already sent may still land, so
+        # the expiry is read again each time): wait for it by the store's clock.
+        expiry = _run_expiry_us if ledger else _lease_expiry_us
+        wait_for(
+            lambda: _store_now_us(cli) > expiry(cli, "paused"),
+            timeout=30,
+            what="the lease to expire in the store",
+        )
+    finally:
+        exec_.proc.send_signal(signal.SIGCONT)
+    result = exec_.wait(timeout=30)
+
+    assert result.returncode == EXIT_LEASE_LOST, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _run_expiry_us(cli: Cli, job: str) -> int:
+    store = open_store(parse_store_url(cli.backend))
+    try:
+        rows = store.run(store.ops.run_list(cli.namespace, job, 1))
+    finally:
+        store.close()
+    assert rows
+    assert rows[0].expires_us is not None
+    return rows[0].expires_us

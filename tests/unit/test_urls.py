@@ -46,6 +46,31 @@ def test_invalid_urls_are_a_clear_error(url: str, problem: str) -> None:
         parse_store_url(url)
 
 
+SECRET_URLS = [
+    "postgresql://app:ab/cd@127.0.0.1:5999/test",
+    "postgresql://app:ab#cd@127.0.0.1:5999/test",
+    "postgresql://app:ab?cd@127.0.0.1:5999/test",
+    "postgresql://app:S3cr3t@Xy9z@127.0.0.1:5999/test",
+    "mysql://root:ab/cd@127.0.0.1:3306/test",
+    "redis://:ab#cd@127.0.0.1:6379/0",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_a_password_a_parser_would_misread_is_redacted_and_refused(url: str) -> None:
+    secret = url.split("://", 1)[1].rsplit("@", 1)[0].split(":", 1)[1]
+    assert secret not in redact(url)
+    with pytest.raises(ConfigurationError) as raised:
+        parse_store_url(url)
+    assert secret not in raised.value.message
+    assert "percent-encoded" in raised.value.message
+
+
+def test_a_percent_encoded_password_is_accepted() -> None:
+    url = "postgresql://app:ab%2Fcd@127.0.0.1:5999/test"
+    assert parse_store_url(url).redacted == "postgresql://app:***@127.0.0.1:5999/test"
+
+
 def test_passwords_never_appear_in_redacted_urls() -> None:
     assert redact("postgresql://app:s3cret@db/app") == "postgresql://app:***@db/app"
     assert "s3cret" not in redact("redis://:s3cret@cache:6379/0?password=s3cret")

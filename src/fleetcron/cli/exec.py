@@ -194,8 +194,22 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
             extra={"action": "lock_skipped", "lock": options.name},
         )
         return options.skipped_exit_code
-    with _released(lease):
-        return _supervise(lease, options, backend_url)
+    held = _released(lease)
+    with held:
+        status = _supervise(lease, options, backend_url)
+    if status != EXIT_LEASE_LOST and held.released is False:
+        # The command ended, but the store no longer knew the lease as ours: it expired
+        # while this process could not renew it (paused, starved), so another holder may
+        # have run meanwhile. Its own status would hide that.
+        log.error(
+            "lease on %s expired before the command ended (status %d); it may have run "
+            "beside another holder",
+            options.name,
+            status,
+            extra={"action": "run_lost", "lock": options.name, "fence": lease.fence},
+        )
+        return EXIT_LEASE_LOST
+    return status
 
 
 class _released:
@@ -203,13 +217,15 @@ class _released:
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease
+        self.released: bool | None = None
+        """Whether the store still knew the lease as ours (``None``: the release failed)."""
 
     def __enter__(self) -> Lease:
         return self.lease
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self.lease.release()
+            self.released = self.lease.release()
         except Exception as error:
             log.warning(
                 "releasing %s failed: %s (it expires at the end of its lease)",
@@ -312,7 +328,9 @@ def _run_child(
         ):
             supervisor.stop("timeout")
         wait_s = supervisor.enforce()
-    if supervisor.reason == "lease_lost" or lease.is_lost:
+    # The local deadline passed while the command ran (this process was paused past it, and
+    # the keepalive had no chance to say so yet): the lease is not trusted any more.
+    if supervisor.reason == "lease_lost" or lease.is_lost or lease.remaining_us() <= 0:
         log.error(
             "lease on %s lost; command stopped (exit %d)",
             options.name,
@@ -454,6 +472,7 @@ def run_exec_schedule(
             lease.fence,
             extra={"action": "run_rejected", "job": options.name, "fence": lease.fence},
         )
+        return EXIT_LEASE_LOST
     return status
 
 

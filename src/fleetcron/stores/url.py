@@ -34,24 +34,66 @@ class StoreURL:
     path: Path | None = None  # SQLite only
 
 
+def _split_userinfo(url: str) -> tuple[str, str, str] | None:
+    """``(scheme://, userinfo, rest)`` of a URL with credentials, found without a URL
+    parser: the userinfo runs to the *last* ``@`` of the authority, so a password holding
+    ``/``, ``#``, ``?`` or ``@`` (which a parser would split elsewhere) is still found.
+    ``None`` when the URL has no ``@`` after its scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    # A password may hold '/', '?', '#' or '@' where a host may not: whatever comes before
+    # the last '@' is taken for the credentials, so it is never printed.
+    at = rest.rfind("@")
+    if at < 0:
+        return None
+    return scheme + sep, rest[:at], rest[at:]
+
+
 def redact(url: str) -> str:
-    """Replace the password of a URL (and ``password=`` query values) with ``***``."""
+    """Replace the password of a URL (and ``password=`` query values) with ``***``.
+
+    Done on the text itself before any parsing, so that a URL a parser would misread (a
+    password with ``/``, ``#``, ``?`` or ``@`` not percent-encoded) never shows its secret.
+    """
+    split = _split_userinfo(url)
+    if split is not None:
+        head, userinfo, rest = split
+        user, sep, _password = userinfo.partition(":")
+        url = f"{head}{user}{':***' if sep else ''}{rest}"
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
         return "<unparseable URL>"
-    netloc = parts.netloc
-    if "@" not in netloc and "password" not in parts.query.lower():
+    if "password" not in parts.query.lower():
         return url
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user, sep, _password = userinfo.partition(":")
-        netloc = f"{user}{':***' if sep else ''}@{hostport}"
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     masked = [(k, "***" if "password" in k.lower() else v) for k, v in query]
     return urllib.parse.urlunsplit(
-        (parts.scheme, netloc, parts.path, urllib.parse.urlencode(masked, safe="*"), parts.fragment)
+        (
+            parts.scheme,
+            parts.netloc,
+            parts.path,
+            urllib.parse.urlencode(masked, safe="*"),
+            parts.fragment,
+        )
     )
+
+
+def _check_userinfo(url: str, redacted: str) -> None:
+    """Refuse credentials a URL parser would split wrongly (and a driver then print)."""
+    split = _split_userinfo(url)
+    if split is None:
+        return
+    userinfo = split[1]
+    unsafe = sorted({c for c in userinfo if c in "/?#@"})
+    if unsafe:
+        listed = " ".join(repr(c) for c in unsafe)
+        raise ConfigurationError(
+            f"backend URL {redacted!r}: the user or password holds {listed}, which must be "
+            "percent-encoded (/ is %2F, ? is %3F, # is %23, @ is %40); an '@' in the path "
+            "or the query is written %40 too"
+        )
 
 
 def default_sqlite_path() -> Path:
@@ -76,6 +118,7 @@ def parse_store_url(url: str) -> StoreURL:
         known = ", ".join(sorted({f"{s}://" for s in SCHEMES}))
         raise ConfigurationError(f"backend URL scheme {scheme!r} is not supported (known: {known})")
     redacted = redact(url)
+    _check_userinfo(url, redacted)
     if kind == "memory":
         return StoreURL(raw=url, kind=kind, redacted=redacted)
     if kind == "sqlite":
