@@ -42,7 +42,7 @@ from fleetcron.scheduling.recovery import RECOVERY_EVERY_S, Recovery
 from fleetcron.scheduling.supervision import ABANDONED_REASON, Supervisor, SupervisorOptions
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["ABANDONED_REASON", "LEADER_LEASE", "AsyncScheduler", "SchedulerOptions"]
+__all__ = ["ABANDONED_REASON", "LEADER_LEASE", "AsyncScheduler", "SchedulerOptions", "StoreOutage"]
 
 _REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
@@ -101,6 +101,7 @@ class AsyncScheduler:
         self._offset_us = 0
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
+        self.outage = StoreOutage()
         self.recovery = Recovery(store, options.namespace, self.specs)
         self.supervisor = Supervisor(
             store,
@@ -249,14 +250,20 @@ class AsyncScheduler:
         while not until.is_set() and not self._stop.is_set():
             try:
                 await self._tick(loop.time())
+                self.outage.ended(loop.time())
             except StoreError as exc:
-                log.error("store unavailable: %s", exc, extra={"action": "store_unavailable"})
+                self.outage.failed(exc, loop.time())
             except Exception:
                 # A bug must not stop the replica silently or at once: say so, go on.
                 log.exception("scheduling pass failed", extra={"action": "tick_failed"})
             async with self.signals.ticked:
                 self.signals.ticked.notify_all()
-            await _wait_any((until, self._wake), self._sleep_s())
+            if self.outage.active:
+                # Back off while the store is down: a finished run must not wake the loop
+                # into another failing pass.
+                await _wait_any((until,), self.outage.delay_s())
+            else:
+                await _wait_any((until, self._wake), self._sleep_s())
             self._wake.clear()
 
     def _sleep_s(self) -> float:
@@ -501,6 +508,50 @@ class AsyncScheduler:
         )
 
     # -- running -------------------------------------------------------------------------
+
+
+class StoreOutage:
+    """The store as the loop sees it: an outage is logged once when it starts and once when
+    it ends (with how long it lasted and how many passes failed), never once per pass; while
+    it lasts, passes are spaced by a jittered back-off (100 ms doubling to 5 s)."""
+
+    FIRST_S = 0.1
+    MOST_S = 5.0
+
+    def __init__(self) -> None:
+        self.active = False
+        self.failures = 0  # failed passes of the current outage
+        self.total_failures = 0  # failed passes since the replica started
+        self._since = 0.0
+
+    def failed(self, error: StoreError, now_s: float) -> None:
+        self.failures += 1
+        self.total_failures += 1
+        if self.active:
+            log.debug("store still unavailable: %s", error, extra={"action": "store_unavailable"})
+            return
+        self.active, self._since = True, now_s
+        log.error(
+            "store unavailable: %s; retrying with back-off (logged again when it is back)",
+            error,
+            extra={"action": "store_unavailable"},
+        )
+
+    def ended(self, now_s: float) -> None:
+        if not self.active:
+            return
+        log.warning(
+            "store available again after %.1f s (%d failed pass(es))",
+            now_s - self._since,
+            self.failures,
+            extra={"action": "store_recovered", "failures": self.failures},
+        )
+        self.active, self.failures = False, 0
+
+    def delay_s(self) -> float:
+        """How long to wait before the next pass during the outage (full jitter)."""
+        ceiling = min(self.MOST_S, self.FIRST_S * 2 ** min(self.failures - 1, 16))
+        return random.uniform(ceiling / 2, ceiling)
 
 
 async def _wait_any(events: Sequence[asyncio.Event], timeout_s: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +23,7 @@ from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError, StoreUnavailable
 from fleetcron.jobspec import JobSpec, job_spec
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim
-from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
+from fleetcron.scheduler import AsyncScheduler, SchedulerOptions, StoreOutage
 from fleetcron.scheduling import planning
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
@@ -559,3 +560,45 @@ def test_fleet_job_misuse_is_a_clear_error() -> None:
     with pytest.raises(ConfigurationError, match="has no __name__"):
         fleet.job(every="1s")(functools.partial(print))
     assert fleet.jobs == ()
+
+
+async def test_a_store_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    cut_off = Unplugged(store)
+    options = SchedulerOptions(namespace=NS, shutdown_grace_s=0.5, kill_grace_s=0.2)
+    scheduler = AsyncScheduler(cut_off, [spec("tick", lambda ctx: None)], options)
+    task = asyncio.create_task(scheduler.run())
+    try:
+        await asyncio.wait_for(scheduler.signals.started.wait(), 10)
+        with caplog.at_level(logging.DEBUG, logger="fleetcron"):
+            cut_off.cut = True
+            await until_signalled([scheduler], lambda: scheduler.outage.failures >= 4)
+            cut_off.cut = False
+            await until_signalled([scheduler], lambda: not scheduler.outage.active)
+    finally:
+        scheduler.stop()
+        await task
+
+    def logged(action: str, level: int) -> int:
+        return sum(
+            1 for r in caplog.records if getattr(r, "action", None) == action and r.levelno >= level
+        )
+
+    assert logged("store_unavailable", logging.ERROR) == 1
+    assert logged("store_recovered", logging.WARNING) == 1
+    assert scheduler.outage.total_failures >= 4
+
+
+def test_passes_are_spaced_by_a_growing_jittered_back_off_while_the_store_is_down() -> None:
+    outage = StoreOutage()
+    ceilings = []
+    for failure in range(1, 10):
+        outage.failed(StoreUnavailable("down"), float(failure))
+        ceiling = min(StoreOutage.MOST_S, StoreOutage.FIRST_S * 2 ** (failure - 1))
+        delays = [outage.delay_s() for _ in range(50)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays), (failure, delays)
+        ceilings.append(ceiling)
+    assert ceilings == sorted(ceilings)
+    assert ceilings[-1] == StoreOutage.MOST_S
