@@ -1,9 +1,10 @@
--- The slot claim takes, as parameters, which claims move the job's high-water mark
--- (p_progress) and which a paused job refuses (p_pausable): the rule lives in one place,
--- fleetcron.models, instead of as literals here, in the MySQL text and in the Lua. The
--- function gets a new versioned name; fleetcron_run_claim (schema version 4) stays for
--- replicas not yet upgraded. fleetcron_run_claim_v2 (version 5) was never part of a
--- release and goes.
+-- The slot claim reads the server's clock itself and nothing of the session (see 0005),
+-- and takes as parameters which claims move the job's high-water mark (p_progress) and
+-- which a paused job refuses (p_pausable): the rule lives in one place, fleetcron.models,
+-- instead of as literals here, in the MySQL text and in the Lua. The function gets a new
+-- versioned name; fleetcron_run_claim (schema version 4) stays for replicas not yet
+-- upgraded. fleetcron_run_claim_v2, which an intermediate version 5 created, was never
+-- part of a release and goes.
 DROP FUNCTION IF EXISTS fleetcron_run_claim_v2(
     text, text, text, bigint, text, boolean, integer, text, bigint, text, bigint, text, bigint,
     text);
