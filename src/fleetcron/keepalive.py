@@ -22,10 +22,12 @@ One set of rules serves the lock API (:class:`~fleetcron.lease.Lease`,
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 __all__ = [
     "StopPoints",
+    "backoff_s",
     "describe_failure",
     "effective_grace_us",
     "local_deadline_us",
@@ -60,6 +62,13 @@ def retry_interval_s(interval_s: float, remaining_us: int) -> float:
     """After a failed renewal, try again sooner: a quarter of what is left before the
     deadline (at least 50 ms), so a brief outage is retried before the deadline passes."""
     return max(_MIN_RETRY_S, min(interval_s, remaining_us / 4 / 1e6))
+
+
+def backoff_s(attempt: int, *, first_s: float = 0.1, most_s: float = 5.0) -> float:
+    """The wait before try ``attempt + 1`` of something the store failed: ``first_s``
+    doubling to ``most_s``, with jitter so that replicas do not retry in step."""
+    ceiling = min(most_s, first_s * float(2 ** min(attempt, 16)))
+    return random.uniform(ceiling / 2, ceiling)
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -9,12 +9,16 @@ fence is no longer current.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from fleetcron.clock import Clock
-from fleetcron.lease import AsyncLease, InlineStore, Lease, LeaseTerms
+from fleetcron.errors import StoreError
+from fleetcron.keepalive import backoff_s
+from fleetcron.lease import AsyncLease, InlineStore, Lease, LeaseTerms, run_inline
 from fleetcron.models import LeaseRecord, RunOutcome, RunRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
 
@@ -97,11 +101,36 @@ class AsyncSlotLease(AsyncLease):
             )
         )
 
-    async def finish(self, outcome: RunOutcome) -> bool:
+    async def finish(
+        self,
+        outcome: RunOutcome,
+        on_retry: Callable[[StoreError], None] | None = None,
+    ) -> bool:
         """Stop the keepalive and record ``outcome``; ``False`` when the store refused it
-        (the fence is no longer current). Raises ``StoreError`` when the store failed."""
+        (the fence is no longer current).
+
+        A store that fails (down, disk full) is tried again, with back-off, for as long as
+        the fence can still be current: until the lease's local deadline. ``on_retry`` is
+        called once, at the first failure. Past the deadline the last ``StoreError`` is
+        raised: the attempt is then recovered by the ledger like one whose holder vanished.
+        """
         self.outcome = outcome
-        return await self.release()
+        try:
+            return await self.release()
+        except StoreError as first:
+            error = first
+        if on_retry is not None:
+            on_retry(error)
+        attempt = 0
+        while (left_s := self.remaining_us() / 1e6) > 0:
+            await asyncio.sleep(min(left_s, backoff_s(attempt)))
+            if self.remaining_us() <= 0:
+                break
+            try:
+                return await self._release_in_store()
+            except StoreError as exc:
+                error, attempt = exc, attempt + 1
+        raise error
 
 
 class SlotLease(Lease):
@@ -165,3 +194,29 @@ class SlotLease(Lease):
     def release(self) -> bool:
         self.accepted = super().release()
         return self.accepted
+
+    def finish(
+        self,
+        outcome: RunOutcome,
+        on_retry: Callable[[StoreError], None] | None = None,
+    ) -> bool:
+        """Sync :meth:`AsyncSlotLease.finish`: record ``outcome``, trying a failing store
+        again with back-off until the lease's local deadline; past it, raise."""
+        self.outcome = outcome
+        try:
+            return self.release()
+        except StoreError as first:
+            error = first
+        if on_retry is not None:
+            on_retry(error)
+        attempt = 0
+        while (left_s := self.remaining_us() / 1e6) > 0:
+            time.sleep(min(left_s, backoff_s(attempt)))
+            if self.remaining_us() <= 0:
+                break
+            try:
+                self.accepted = run_inline(self.slot._release_in_store())
+                return self.accepted
+            except StoreError as exc:
+                error, attempt = exc, attempt + 1
+        raise error

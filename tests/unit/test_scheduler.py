@@ -602,3 +602,82 @@ def test_passes_are_spaced_by_a_growing_jittered_back_off_while_the_store_is_dow
         ceilings.append(ceiling)
     assert ceilings == sorted(ceilings)
     assert ceilings[-1] == StoreOutage.MOST_S
+
+
+class FlakyFinish(AsyncMemoryStore):
+    """Fails the next ``failures`` outcomes it is asked to record (a store down, a disk
+    full), then records them again."""
+
+    failures = 0
+
+    async def run(self, operation: Any) -> Any:
+        if getattr(operation, "__name__", "") == "run_finish" and self.failures > 0:
+            self.failures -= 1
+            operation.close()
+            raise StoreUnavailable("could not write, as the test asked")
+        return await super().run(operation)
+
+
+def _queue_one_run(store: MemoryStore, job: str) -> int:
+    slot = store.clock.wall_us() - 1_000_000
+    assert store.run(store.ops.run_record(NS, job, slot, "queued", None, "manual"))
+    return slot
+
+
+def _actions(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [str(getattr(r, "action", "")) for r in caplog.records]
+
+
+async def test_an_outcome_the_store_could_not_take_is_recorded_once_it_can(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    flaky = FlakyFinish(store)
+    flaky.failures = 3
+    slot = _queue_one_run(store, "report")
+    scheduler = AsyncScheduler(
+        flaky, [spec("report", lambda ctx: None, every="1h")], SchedulerOptions(namespace=NS)
+    )
+    task = asyncio.create_task(scheduler.run())
+
+    def recorded() -> bool:
+        row = store.run(store.ops.run_get(NS, "report", slot))
+        return row is not None and row.state == "succeeded"
+
+    try:
+        with caplog.at_level(logging.INFO, logger="fleetcron"):
+            await until_signalled([scheduler], recorded)
+    finally:
+        scheduler.stop()
+        await task
+
+    assert flaky.failures == 0
+    assert _actions(caplog).count("run_finish_retrying") == 1
+    assert "run_finish_failed" not in _actions(caplog)
+
+
+async def test_an_outcome_not_recorded_before_its_lease_ends_is_recovered_by_the_ledger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    flaky = FlakyFinish(store)
+    flaky.failures = 10_000
+    slot = _queue_one_run(store, "report")
+    job = spec("report", lambda ctx: None, every="1h", lock_at_most="600ms")
+    scheduler = AsyncScheduler(flaky, [job], SchedulerOptions(namespace=NS))
+    task = asyncio.create_task(scheduler.run())
+
+    def closed() -> bool:
+        row = store.run(store.ops.run_get(NS, "report", slot))
+        return row is not None and row.state == "lost"
+
+    try:
+        with caplog.at_level(logging.INFO, logger="fleetcron"):
+            await until_signalled([scheduler], closed)
+    finally:
+        scheduler.stop()
+        await task
+
+    actions = _actions(caplog)
+    assert actions.count("run_finish_retrying") == 1
+    assert actions.count("run_finish_failed") == 1

@@ -22,12 +22,13 @@ from fleetcron.cli.exitcodes import (
     EXIT_CANNOT_EXECUTE,
     EXIT_LEASE_LOST,
     EXIT_NOT_FOUND,
+    EXIT_STORE_UNAVAILABLE,
     EXIT_TIMEOUT,
 )
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
-from fleetcron.errors import ConfigurationError
+from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.fleet import Fleet
 from fleetcron.keepalive import effective_grace_us, stop_points
 from fleetcron.lease import Lease, new_holder
@@ -455,12 +456,21 @@ def run_exec_schedule(
             extra_env={"FLEETCRON_SLOT": slot_text, "FLEETCRON_ATTEMPT": str(run.attempt)},
         )
     finally:
-        lease.outcome = _slot_outcome(status, lease.cancel_requested)
+
+        def retrying(error: StoreError) -> None:
+            log.warning(
+                "%s: could not record the outcome yet (%s); trying again until the lease ends",
+                options.name,
+                error,
+                extra={"action": "run_finish_retrying", "job": options.name},
+            )
+
         try:
-            lease.release()
+            lease.finish(_slot_outcome(status, lease.cancel_requested), on_retry=retrying)
         except Exception as error:
             log.warning(
-                "%s: recording the outcome failed: %s",
+                "%s: could not record the outcome before the lease ended: %s (the ledger "
+                "recovers the slot as a vanished attempt)",
                 options.name,
                 error,
                 extra={"action": "run_finish_failed", "job": options.name},
@@ -473,6 +483,8 @@ def run_exec_schedule(
             extra={"action": "run_rejected", "job": options.name, "fence": lease.fence},
         )
         return EXIT_LEASE_LOST
+    if lease.accepted is None and status is not None and status != EXIT_LEASE_LOST:
+        return EXIT_STORE_UNAVAILABLE  # the command ran; its outcome could not be recorded
     return status
 
 

@@ -220,13 +220,27 @@ class Supervisor:
                 output=outcome.output,
                 retry_after_us=spec.retry_backoff_us,
             )
+
+        def retrying(error: StoreError) -> None:
+            log.warning(
+                "%s: could not record the outcome %s yet (%s); trying again until the lease ends",
+                spec.name,
+                outcome.state,
+                error,
+                extra={"action": "run_finish_retrying", "job": spec.name},
+            )
+
         try:
-            accepted = await lease.finish(outcome)
+            accepted = await lease.finish(outcome, on_retry=retrying)
         except StoreError as exc:
             log.error(
-                "%s: could not record the outcome: %s",
+                "%s: could not record the outcome %s before the lease ended (%s); the "
+                "ledger recovers the slot as a vanished attempt: run again (attempt %d) if "
+                "retries remain, else recorded lost",
                 spec.name,
+                outcome.state,
                 exc,
+                record.attempt + 1,
                 extra={"action": "run_finish_failed", "job": spec.name},
             )
             return
