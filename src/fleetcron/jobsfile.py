@@ -18,7 +18,7 @@ Keys of a job and their defaults (:data:`DEFAULTS`):
 key            default     meaning
 ============== =========== ===========================================================
 schedule                   5-field cron expression (exactly one of schedule/every/at)
-every                      interval, slots aligned to the Unix epoch
+every                      interval (at least 100ms), slots aligned to the Unix epoch
 at                         ISO 8601 date and time; with an offset, or naive in ``timezone``
 timezone       ``UTC``     IANA zone for ``schedule`` and a naive ``at``
 command                    argv list (exactly one of command/call); run without a shell

@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULTS",
     "ISOLATE_CHOICES",
     "JOB_KEYS",
+    "MIN_EVERY_US",
     "OVERLAP_POLICIES",
     "CallTarget",
     "Catchup",
@@ -81,6 +82,7 @@ DEFAULTS: Mapping[str, str | int | bool | None] = MappingProxyType(
     }
 )
 
+MIN_EVERY_US = 100_000  # every slot is a ledger row and a claim: not a busy loop
 JOB_KEYS: frozenset[str] = frozenset({"schedule", "every", "at", "command", "call", *DEFAULTS})
 _SCHEDULE_KEYS = ("schedule", "every", "at")
 _TARGET_KEYS = ("command", "call")
@@ -326,6 +328,13 @@ class JobBuilder:
         kind = self.exactly_one(_SCHEDULE_KEYS, "a cron schedule, an interval or a moment")
         if kind == "every":
             every = self.required_duration("every", positive=True)
+            if every < MIN_EVERY_US:
+                self.fail(
+                    "every",
+                    f"{format_duration(every)} is shorter than the shortest interval, "
+                    f"{format_duration(MIN_EVERY_US)}: each slot is a ledger row claimed "
+                    "through the store",
+                )
             return EverySchedule(every)
         if kind == "at":
             return AtSchedule(self.moment(timezone))

@@ -241,6 +241,12 @@ BASE = 'every = "1m"\ncommand = ["true"]\n'
             "lock_at_most",
             "10m is shorter than timeout 15m with keepalive = false",
         ),
+        ('every = "1ms"\ncommand = ["true"]', "every", "shorter than the shortest interval"),
+        (
+            'every = "99ms"\ncommand = ["true"]',
+            "every",
+            "shorter than the shortest interval, 100ms",
+        ),
         ('every = "1m"\ncommand = "echo hi"', "command", "must be a non-empty list of strings"),
         ('every = "1m"\ncommand = []', "command", "must be a non-empty list of strings"),
         ('every = "1m"\ncommand = ["echo", 1]', "command", "must be a non-empty list of strings"),
