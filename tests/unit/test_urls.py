@@ -88,3 +88,29 @@ def test_backend_precedence_is_explicit_then_environment_then_file_then_default(
     monkeypatch.setenv("FLEETCRON_BACKEND", "mysql://env/db")
     assert resolve_backend(configured="redis://file/0").kind == "mysql"
     assert resolve_backend("memory://", configured="redis://file/0").kind == "memory"
+
+
+def test_mysql_urls_carry_connect_read_and_write_timeouts() -> None:
+    from fleetcron.stores.sql.mysql import connect_args
+
+    args = connect_args(parse_store_url("mysql://root@db/app"))
+    assert (args["connect_timeout"], args["read_timeout"], args["write_timeout"]) == (10, 30, 30)
+    tuned = connect_args(parse_store_url("mysql://root@db/app?read_timeout=5&connect_timeout=2"))
+    assert (tuned["connect_timeout"], tuned["read_timeout"]) == (2, 5)
+
+
+@pytest.mark.parametrize(
+    ("query", "problem"),
+    [
+        ("foo=bar", "unknown parameter(s) foo"),
+        ("connect_timeout=abc", "connect_timeout must be a positive number of seconds"),
+        ("read_timeout=0", "read_timeout must be a positive number of seconds"),
+    ],
+)
+def test_bad_mysql_url_parameters_are_refused(query: str, problem: str) -> None:
+    from fleetcron.stores.sql.mysql import connect_args
+
+    with pytest.raises(ConfigurationError) as raised:
+        connect_args(parse_store_url(f"mysql://root:s3cret@db/app?{query}"))
+    assert problem in raised.value.message
+    assert "s3cret" not in raised.value.message

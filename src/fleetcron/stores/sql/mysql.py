@@ -31,10 +31,43 @@ _UNAVAILABLE_CODES = {2002, 2003, 2005, 2006, 2013, 2055, 1040, 1053}
 _NO_TABLE = 1146
 
 
+# Seconds. A server that accepts the connection and never answers must not hang a client:
+# PyMySQL's connect_timeout covers the TCP connect only, the greeting and every reply are
+# read under read_timeout. The same figures as the Redis store (10 s / 30 s).
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 30
+_QUERY_KEYS = ("connect_timeout", "read_timeout", "write_timeout", "unix_socket")
+
+
+def _seconds(query: dict[str, str], key: str, default: int, url: StoreURL) -> int:
+    text = query.pop(key, None)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigurationError(
+            f"backend URL {url.redacted!r}: {key} must be a positive number of seconds, "
+            f"not {text!r}"
+        )
+    return value
+
+
 def connect_args(url: StoreURL) -> dict[str, Any]:
-    """PyMySQL keyword arguments from a ``mysql://user:pass@host:port/db?…`` URL."""
+    """PyMySQL keyword arguments from a ``mysql://user:pass@host:port/db?…`` URL.
+
+    Query parameters: ``connect_timeout`` (default 10 s), ``read_timeout`` and
+    ``write_timeout`` (30 s), ``unix_socket``; any other is refused."""
     parts = urllib.parse.urlsplit(url.raw)
-    query = dict(urllib.parse.parse_qsl(parts.query))
+    query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(query) - set(_QUERY_KEYS))
+    if unknown:
+        raise ConfigurationError(
+            f"backend URL {url.redacted!r}: unknown parameter(s) {', '.join(unknown)}; "
+            f"known: {', '.join(_QUERY_KEYS)}"
+        )
     args: dict[str, Any] = {
         "host": parts.hostname or "127.0.0.1",
         "port": parts.port or 3306,
@@ -43,7 +76,9 @@ def connect_args(url: StoreURL) -> dict[str, Any]:
         "database": urllib.parse.unquote(parts.path.lstrip("/")) or None,
         "charset": "utf8mb4",
         "autocommit": True,
-        "connect_timeout": int(query.pop("connect_timeout", "10")),
+        "connect_timeout": _seconds(query, "connect_timeout", CONNECT_TIMEOUT_S, url),
+        "read_timeout": _seconds(query, "read_timeout", READ_TIMEOUT_S, url),
+        "write_timeout": _seconds(query, "write_timeout", READ_TIMEOUT_S, url),
         "client_flag": CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
         # Pin what the statements rely on, whatever the server's defaults; sent together
         # with the isolation level below in one round trip.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,12 +36,21 @@ class AsyncMysqlStore(AsyncSqlStore):
         super().__init__(url, MysqlOperations())
         args = connect_args(url)
         args["db"] = args.pop("database")
+        # aiomysql has no read or write timeout: the whole connect (greeting included) is
+        # bounded here instead.
+        self._connect_limit_s = args["connect_timeout"] + args.pop("read_timeout")
+        args.pop("write_timeout")
         self._args = args
         self._rowcount = 0
 
     async def _connect(self) -> Any:
         try:
-            return await aiomysql.connect(**self._args)
+            async with asyncio.timeout(self._connect_limit_s):
+                return await aiomysql.connect(**self._args)
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"cannot connect to {self.url}: no answer in {self._connect_limit_s} s"
+            ) from None
         except (pymysql.err.MySQLError, OSError) as exc:
             raise StoreUnavailable(f"cannot connect to {self.url}: {exc}") from exc
 

@@ -1,0 +1,59 @@
+"""A store that accepts the connection and never answers: the client gives up within its
+timeouts and exits 75 (unavailable), never hangs, and the command does not start."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.helpers import Cli
+from fleetcron.cli.exitcodes import EXIT_STORE_UNAVAILABLE
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that accepts connections and never sends a byte."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)  # kept open, never answered
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def test_mysql_against_a_silent_server_gives_up_within_its_read_timeout(
+    silent_port: int, namespace: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    url = f"mysql://root@127.0.0.1:{silent_port}/test?connect_timeout=1&read_timeout=1"
+
+    result = Cli(url, namespace, tmp_path).run(
+        "exec", "job", "--", "touch", str(marker), timeout=60
+    )
+
+    assert result.returncode == EXIT_STORE_UNAVAILABLE, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not marker.exists(), "the command started without a store"
