@@ -13,7 +13,9 @@ raises :class:`~fleetcron.errors.LeaseLost`.
 
 There is one implementation, :class:`AsyncLease`. The sync :class:`Lease` is its face: a
 renewal or release asked for by the holder runs in the holder's thread there and then (the
-coroutine completes without suspending, over the sync store), and the keepalive runs on a
+coroutine completes without suspending over a
+:class:`~fleetcron.stores.threaded.ThreadedAsyncStore` driven by ``run_inline``), and the
+keepalive runs on a
 :class:`~fleetcron.portal.Portal`, each renewal in a worker thread so that one that hangs
 never holds up the deadline. A subclass of :class:`AsyncLease` changes what a renewal and a
 release are in the store (a claimed slot renews its ledger row and records its outcome:
@@ -30,7 +32,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -47,16 +49,15 @@ from fleetcron.keepalive import (
 )
 from fleetcron.models import LeaseRecord
 from fleetcron.portal import Portal
-from fleetcron.stores.base import AsyncStore, Capability, Operation, Operations, SyncStore
+from fleetcron.stores.base import AsyncStore, SyncStore
+from fleetcron.stores.threaded import ThreadedAsyncStore, run_inline
 
 __all__ = [
     "AsyncLease",
-    "InlineStore",
     "Lease",
     "LeaseTerms",
     "PortalSource",
     "new_holder",
-    "run_inline",
     "safety_margin_us",
 ]
 
@@ -330,56 +331,6 @@ def _release_failed(name: str, error: FleetcronError) -> None:
 
 
 # -- the sync face --------------------------------------------------------------------------
-_inline = threading.local()
-
-
-def run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine of a lease's core to completion in this thread. Over an
-    :class:`InlineStore` it never suspends; if it did, that is a bug."""
-    _inline.active = True
-    try:
-        coroutine.send(None)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    finally:
-        _inline.active = False
-    coroutine.close()
-    raise RuntimeError("a lease operation driven inline waited on the event loop")
-
-
-class InlineStore:
-    """An :class:`~fleetcron.stores.base.AsyncStore` over a sync store, for a lease's core:
-    driven by :func:`run_inline` an operation runs in the caller's thread (no hop on the
-    hot path); on an event loop (the keepalive) it runs in a worker thread, so a renewal
-    that hangs never blocks the loop — the deadline still passes."""
-
-    def __init__(self, store: SyncStore) -> None:
-        self.sync = store
-
-    @property
-    def url(self) -> str:
-        return self.sync.url
-
-    @property
-    def capabilities(self) -> Capability:
-        return self.sync.capabilities
-
-    @property
-    def ops(self) -> Operations:
-        return self.sync.ops
-
-    async def run(self, operation: Operation[T]) -> T:
-        if getattr(_inline, "active", False):
-            return self.sync.run(operation)
-        return await asyncio.to_thread(self.sync.run, operation)
-
-    async def migrate(self) -> list[str]:
-        return self.sync.migrate()
-
-    async def close(self) -> None:
-        self.sync.close()
-
-
 PortalSource = Callable[[], Portal]
 """Where a sync lease runs its keepalive: a fleet's shared portal."""
 
@@ -401,7 +352,7 @@ class Lease:
         portal: PortalSource | None = None,
     ) -> None:
         self._core = self._make_core(
-            InlineStore(store), terms, record, sent_us=sent_us, clock=clock
+            ThreadedAsyncStore(store), terms, record, sent_us=sent_us, clock=clock
         )
         self._portal_source = portal
         self._portal: Portal | None = None
@@ -416,7 +367,7 @@ class Lease:
         self._core.on_lost(self._core_lost)
 
     def _make_core(
-        self, store: InlineStore, terms: LeaseTerms, record: LeaseRecord, **kw: Any
+        self, store: ThreadedAsyncStore, terms: LeaseTerms, record: LeaseRecord, **kw: Any
     ) -> AsyncLease:
         """The lease's core (a subclass of a face makes the matching core)."""
         return AsyncLease(store, terms, record, **kw)

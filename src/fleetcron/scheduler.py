@@ -27,6 +27,7 @@ from fleetcron._log import log
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import JobSpec
+from fleetcron.keepalive import backoff_s
 from fleetcron.lease import new_holder
 from fleetcron.models import ClaimResult, JobRecord, RunRecord, SlotClaim
 from fleetcron.scheduling.leadership import LEADER_LEASE, Elector
@@ -549,9 +550,8 @@ class StoreOutage:
         self.active, self.failures = False, 0
 
     def delay_s(self) -> float:
-        """How long to wait before the next pass during the outage (full jitter)."""
-        ceiling = min(self.MOST_S, self.FIRST_S * 2 ** min(self.failures - 1, 16))
-        return random.uniform(ceiling / 2, ceiling)
+        """How long to wait before the next pass during the outage (jittered)."""
+        return backoff_s(self.failures - 1, first_s=self.FIRST_S, most_s=self.MOST_S)
 
 
 async def _wait_any(events: Sequence[asyncio.Event], timeout_s: float) -> None:

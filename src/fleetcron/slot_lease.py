@@ -18,9 +18,10 @@ from typing import Any
 from fleetcron.clock import Clock
 from fleetcron.errors import StoreError
 from fleetcron.keepalive import backoff_s
-from fleetcron.lease import AsyncLease, InlineStore, Lease, LeaseTerms, run_inline
+from fleetcron.lease import AsyncLease, Lease, LeaseTerms
 from fleetcron.models import LeaseRecord, RunOutcome, RunRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
+from fleetcron.stores.threaded import ThreadedAsyncStore, run_inline
 
 __all__ = ["AsyncSlotLease", "SlotLease"]
 
@@ -163,7 +164,7 @@ class SlotLease(Lease):
         self.accepted: bool | None = None
 
     def _make_core(
-        self, store: InlineStore, terms: LeaseTerms, record: LeaseRecord, **kw: Any
+        self, store: ThreadedAsyncStore, terms: LeaseTerms, record: LeaseRecord, **kw: Any
     ) -> AsyncSlotLease:
         core = AsyncSlotLease(store, terms, self._run, **kw)
         core.cancel_ends_lease = True
