@@ -163,10 +163,10 @@ async def _run_process(
             pass_fds=pass_fds,
         )
     except FileNotFoundError:
-        _close(result_read, result_write)
+        _close(result_read)  # result_write: closed below
         return RunOutcome(state="failed", exit_code=127, error=f"not found: {argv[0]}")
     except OSError as exc:
-        _close(result_read, result_write)
+        _close(result_read)  # result_write: closed below
         return RunOutcome(state="failed", exit_code=126, error=f"cannot execute: {exc}")
     finally:
         if result_write >= 0:

@@ -40,7 +40,6 @@ from fleetcron.stores.threaded import ThreadedAsyncStore
 from fleetcron.sync import Scheduler
 from fleetcron.terms import (
     DEFAULT_LOCK_AT_MOST,
-    backoff_s,
     cached_terms,
     lease_terms,
     log_acquired,
@@ -49,6 +48,7 @@ from fleetcron.terms import (
     resolve_namespace,
     row_limit,
     scheduler_options,
+    wait_backoff_s,
     wait_micros,
 )
 
@@ -193,7 +193,7 @@ class Fleet(JobRegistry):
             if left <= 0:
                 log_skipped(terms)
                 return None
-            time.sleep(min(backoff_s(attempt), left / 1e6))
+            time.sleep(min(wait_backoff_s(attempt), left / 1e6))
             attempt += 1
 
     def lock(
@@ -401,7 +401,7 @@ class AsyncFleet(JobRegistry):
             if left <= 0:
                 log_skipped(terms)
                 return None
-            await asyncio.sleep(min(backoff_s(attempt), left / 1e6))
+            await asyncio.sleep(min(wait_backoff_s(attempt), left / 1e6))
             attempt += 1
 
     async def lock(

@@ -396,7 +396,11 @@ class JobBuilder:
             return None
         if not isinstance(value, str):
             self.fail("ping_url", f"must be a string, not {value!r}")
-        parts = urlsplit(value)
+        try:
+            parts = urlsplit(value)
+            _ = parts.port  # an invalid port or host is refused here, not at the first ping
+        except ValueError as exc:
+            self.fail("ping_url", f"{value!r} is not a valid URL: {exc}")
         if parts.scheme not in ("http", "https") or not parts.netloc:
             self.fail("ping_url", f"{value!r} is not an http(s) URL")
         return value

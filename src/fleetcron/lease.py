@@ -208,11 +208,17 @@ class AsyncLease:
             )
             self._task.add_done_callback(self._keepalive_ended)
 
-    async def stop_keepalive(self) -> None:
-        """Stop the renewal task and wait until it has stopped."""
+    def cancel_keepalive(self) -> None:
+        """Stop renewing, without waiting for the renewal task to end."""
         task = self._task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
+
+    async def stop_keepalive(self) -> None:
+        """Stop the renewal task and wait until it has stopped."""
+        task = self._task
+        self.cancel_keepalive()
+        if task is not None and task is not asyncio.current_task():
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -284,9 +290,7 @@ class AsyncLease:
         if self._released:
             return False
         self._released = True
-        task = self._task
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            task.cancel()
+        self.cancel_keepalive()
         released = await self._release_in_store()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(

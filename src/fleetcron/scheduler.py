@@ -137,7 +137,8 @@ class AsyncScheduler:
     @property
     def running(self) -> list[RunRecord]:
         """Attempts in flight on this replica."""
-        return [entry.record for entry in self.supervisor.running.values()]
+        # One C-level copy of the values: safe while the loop's thread changes the dict.
+        return [entry.record for entry in list(self.supervisor.running.values())]
 
     async def run(self) -> None:
         """Run until :meth:`stop`; then drain and return."""

@@ -14,7 +14,6 @@ import concurrent.futures
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
 
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError
@@ -25,8 +24,6 @@ from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores.base import AsyncStore
 
 __all__ = ["Scheduler"]
-
-T = TypeVar("T")
 
 
 class Scheduler:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import random
 from typing import Any
 
 from fleetcron._log import log
 from fleetcron.durations import DurationLike, to_micros
 from fleetcron.errors import ConfigurationError
+from fleetcron.keepalive import backoff_s
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms
 from fleetcron.names import validate_name, validate_namespace
 from fleetcron.scheduler import SchedulerOptions
@@ -20,7 +20,6 @@ from fleetcron.stores import StoreURL
 __all__ = [
     "DEFAULT_LOCK_AT_MOST",
     "NAMESPACE_ENV",
-    "backoff_s",
     "cached_terms",
     "lease_terms",
     "log_acquired",
@@ -29,6 +28,7 @@ __all__ = [
     "resolve_namespace",
     "row_limit",
     "scheduler_options",
+    "wait_backoff_s",
     "wait_micros",
 ]
 
@@ -147,9 +147,9 @@ def wait_micros(wait: DurationLike | None) -> int:
     return micros
 
 
-def backoff_s(attempt: int) -> float:
-    # 50 ms doubling to 1 s, jittered so waiters do not retry in lock step.
-    return min(1.0, 0.05 * 2.0**attempt) * random.uniform(0.5, 1.0)
+def wait_backoff_s(attempt: int) -> float:
+    """The pause between tries of ``lock(wait=…)``: 50 ms doubling to 1 s, jittered."""
+    return backoff_s(attempt, first_s=0.05, most_s=1.0)
 
 
 def log_skipped(terms: LeaseTerms) -> None:

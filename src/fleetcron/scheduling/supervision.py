@@ -52,7 +52,6 @@ class Running:
     record: RunRecord
     cancellation: Cancellation
     task: asyncio.Task[None] | None = None
-    lease: AsyncSlotLease | None = None
 
 
 class Supervisor:
@@ -147,7 +146,7 @@ class Supervisor:
             record.fence,
             extra={"action": "run_started", "job": spec.name, "fence": record.fence},
         )
-        lease = entry.lease = self._slot_lease(entry, sent_us)
+        lease = self._slot_lease(entry, sent_us)
         timer = None
         if spec.timeout_us is not None:
             timer = asyncio.get_running_loop().call_later(
@@ -167,6 +166,12 @@ class Supervisor:
                 self._abandon(spec.name, execution.abandoned)
         except Exception as exc:  # the executor itself failed: still record it
             outcome = RunOutcome(state="failed", error=f"{type(exc).__name__}: {exc}")
+        except BaseException:
+            # Cancelled (the replica's shutdown) before an outcome: the lease must not go on
+            # renewing a run that no longer exists; it expires and the ledger recovers it.
+            lease.cancel_keepalive()
+            self.running.pop((record.job, record.slot_us), None)
+            raise
         finally:
             if timer is not None:
                 timer.cancel()

@@ -118,7 +118,8 @@ def parse_store_url(url: str) -> StoreURL:
         known = ", ".join(sorted({f"{s}://" for s in SCHEMES}))
         raise ConfigurationError(f"backend URL scheme {scheme!r} is not supported (known: {known})")
     redacted = redact(url)
-    _check_userinfo(url, redacted)
+    if kind not in ("memory", "sqlite") and scheme.lower() != "unix":
+        _check_userinfo(url, redacted)  # a file path may hold '@' and '/'
     if kind == "memory":
         return StoreURL(raw=url, kind=kind, redacted=redacted)
     if kind == "sqlite":
