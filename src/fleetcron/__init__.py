@@ -16,6 +16,7 @@ from fleetcron.errors import (
     RunCancelled,
     SchemaError,
     StoreError,
+    StoreRefused,
     StoreUnavailable,
 )
 from fleetcron.fleet import AsyncFleet, Fleet
@@ -43,6 +44,7 @@ __all__ = [
     "Scheduler",
     "SchemaError",
     "StoreError",
+    "StoreRefused",
     "StoreUnavailable",
     "SystemClock",
     "__version__",

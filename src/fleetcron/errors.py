@@ -7,6 +7,8 @@ Every error fleetcron raises derives from :class:`FleetcronError`, so
     ├── ConfigurationError      bad URL, option, duration or name (raised before any state changes)
     ├── StoreError              the store failed; the driver's exception is in ``__cause__``
     │   ├── StoreUnavailable    cannot connect, or the connection broke (retryable)
+    │   ├── StoreRefused        the store refused this client: credentials, permissions,
+    │   │                       no such database, not a database (not retryable)
     │   └── SchemaError         the schema is missing, newer than this code, or broken
     ├── LockError               carries ``name``
     │   ├── LockBusy            another holder has the lease (``lock()`` only)
@@ -27,6 +29,7 @@ __all__ = [
     "RunCancelled",
     "SchemaError",
     "StoreError",
+    "StoreRefused",
     "StoreUnavailable",
 ]
 
@@ -53,6 +56,11 @@ class StoreError(FleetcronError):
 
 class StoreUnavailable(StoreError):
     """The store cannot be reached."""
+
+
+class StoreRefused(StoreError):
+    """The store refused this client: wrong credentials, missing permissions, no such
+    database, or a file that is not a database. Trying again will not help."""
 
 
 class SchemaError(StoreError):

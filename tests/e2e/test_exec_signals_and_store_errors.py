@@ -7,7 +7,10 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from e2e.helpers import Cli, read_when_written, wait_for
+from fleetcron.cli.exitcodes import EXIT_STORE_REFUSED
 from services import require_service
 
 TRAP_TERM = """
@@ -42,18 +45,32 @@ def test_sigterm_to_exec_is_forwarded_to_the_command_and_its_status_is_returned(
     assert sqlite_cli.run("exec", "graceful", "--", "true").returncode == 0
 
 
-def test_refused_mysql_credentials_are_a_store_error_not_a_temporary_failure(
-    namespace: str, tmp_path: Path
+def _refusing_url(kind: str, tmp_path: Path) -> str:
+    """A URL the backend refuses: an unknown user, no such database, not a database."""
+    if kind == "sqlite":
+        garbage = tmp_path / "not-a-database.db"
+        garbage.write_bytes(b"this is not a database " * 200)
+        return f"sqlite://{garbage}"
+    url = require_service(kind)
+    if kind == "postgres":
+        return url.replace("postgres@", "fleetcron_no_such_user:wrong@")
+    if kind == "mysql":
+        return url.replace("root@", "fleetcron_no_such_user:wrong@")
+    return url.replace("redis://", "redis://fleetcron_no_such_user:wrong@")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "mysql", "redis"])
+def test_a_store_that_refuses_the_client_exits_78_on_every_backend(
+    kind: str, namespace: str, tmp_path: Path
 ) -> None:
-    url = require_service("mysql").replace("root@", "fleetcron_no_such_user:wrong@")
-    cli = Cli(url, namespace, tmp_path)
+    cli = Cli(_refusing_url(kind, tmp_path), namespace, tmp_path)
     try:
         result = cli.run("exec", "job", "--", "touch", str(tmp_path / "ran"))
     finally:
         cli.cleanup()
 
-    assert result.returncode == 1, result.stderr
-    assert result.stderr.startswith("fleetcron: store error: cannot connect")
+    assert result.returncode == EXIT_STORE_REFUSED, result.stderr
+    assert result.stderr.startswith("fleetcron: store refused: cannot connect"), result.stderr
     assert "wrong" not in result.stderr  # the password is never printed
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "ran").exists()

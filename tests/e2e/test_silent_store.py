@@ -44,11 +44,19 @@ def silent_port() -> Iterator[int]:
         server.close()
 
 
-def test_mysql_against_a_silent_server_gives_up_within_its_read_timeout(
-    silent_port: int, namespace: str, tmp_path: Path
+@pytest.mark.parametrize(
+    "template",
+    [
+        "mysql://root@127.0.0.1:{port}/test?connect_timeout=1&timeout=1",
+        "postgresql://postgres@127.0.0.1:{port}/test?connect_timeout=2&timeout=1",
+        "redis://127.0.0.1:{port}/0?connect_timeout=1&timeout=1",
+    ],
+)
+def test_a_silent_server_is_given_up_on_within_the_url_timeouts(
+    template: str, silent_port: int, namespace: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
-    url = f"mysql://root@127.0.0.1:{silent_port}/test?connect_timeout=1&read_timeout=1"
+    url = template.format(port=silent_port)
 
     result = Cli(url, namespace, tmp_path).run(
         "exec", "job", "--", "touch", str(marker), timeout=60

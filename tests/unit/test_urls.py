@@ -95,8 +95,47 @@ def test_mysql_urls_carry_connect_read_and_write_timeouts() -> None:
 
     args = connect_args(parse_store_url("mysql://root@db/app"))
     assert (args["connect_timeout"], args["read_timeout"], args["write_timeout"]) == (10, 30, 30)
-    tuned = connect_args(parse_store_url("mysql://root@db/app?read_timeout=5&connect_timeout=2"))
-    assert (tuned["connect_timeout"], tuned["read_timeout"]) == (2, 5)
+    tuned = connect_args(parse_store_url("mysql://root@db/app?timeout=5&connect_timeout=2"))
+    assert (tuned["connect_timeout"], tuned["read_timeout"], tuned["write_timeout"]) == (2, 5, 5)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app@db/app",
+        "mysql://root@db/app",
+        "redis://127.0.0.1:6379/0",
+        "sqlite:///tmp/x.db",
+    ],
+)
+def test_every_backend_has_the_same_default_timeouts(url: str) -> None:
+    parsed = parse_store_url(url)
+    assert (parsed.timeout_s, parsed.connect_timeout_s) == (30.0, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("url", "timeout", "connect", "driver"),
+    [
+        (
+            "postgresql://app@db/app?sslmode=disable&timeout=2&connect_timeout=3",
+            2.0,
+            3.0,
+            "postgresql://app@db/app?sslmode=disable",
+        ),
+        ("mysql://root@db/app?timeout=500ms", 0.5, 10.0, "mysql://root@db/app"),
+        ("redis://127.0.0.1/0?connect_timeout=1.5s", 30.0, 1.5, "redis://127.0.0.1/0"),
+        ("sqlite:///tmp/x.db?timeout=5", 5.0, 10.0, "sqlite:///tmp/x.db"),
+    ],
+)
+def test_timeouts_are_read_from_any_backend_url_and_kept_from_the_driver(
+    url: str, timeout: float, connect: float, driver: str
+) -> None:
+    parsed = parse_store_url(url)
+    assert (parsed.timeout_s, parsed.connect_timeout_s, parsed.driver_url) == (
+        timeout,
+        connect,
+        driver,
+    )
 
 
 @pytest.mark.parametrize(
@@ -104,7 +143,8 @@ def test_mysql_urls_carry_connect_read_and_write_timeouts() -> None:
     [
         ("foo=bar", "unknown parameter(s) foo"),
         ("connect_timeout=abc", "connect_timeout must be a positive number of seconds"),
-        ("read_timeout=0", "read_timeout must be a positive number of seconds"),
+        ("timeout=0", "timeout must be a positive number of seconds"),
+        ("read_timeout=5", "unknown parameter(s) read_timeout"),
     ],
 )
 def test_bad_mysql_url_parameters_are_refused(query: str, problem: str) -> None:
@@ -114,3 +154,68 @@ def test_bad_mysql_url_parameters_are_refused(query: str, problem: str) -> None:
         connect_args(parse_store_url(f"mysql://root:s3cret@db/app?{query}"))
     assert problem in raised.value.message
     assert "s3cret" not in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis://:s3cret@h/abc", "the Redis database must be a number"),
+        ("redis://:s3cret@h/0?foo=bar", "unknown parameter(s) foo"),
+        ("redis://:s3cret@h/0?socket_timeout=abc", "unknown parameter(s) socket_timeout"),
+        ("redis://:s3cret@h/0?ssl_cert_reqs=none", "TLS parameters need rediss://"),
+        ("rediss://:s3cret@h/0?ssl_cert_reqs=bogus", "ssl_cert_reqs must be one of"),
+        ("rediss://:s3cret@h/0?ssl_ca_certs=/nonexistent.pem", "not a readable file"),
+        ("rediss://:s3cret@h/0?ssl_check_hostname=maybe", "must be true or false"),
+        ("redis://:s3cret@h/1?db=2", "names the database twice"),
+        ("redis://:s3cret@h/0?timeout=abc", "timeout must be a positive number"),
+    ],
+)
+def test_bad_redis_url_parameters_are_refused(url: str, problem: str) -> None:
+    from fleetcron.stores.redis.connect import client_args
+
+    with pytest.raises(ConfigurationError) as raised:
+        client_args(parse_store_url(url))
+    assert problem in raised.value.message
+    assert "s3cret" not in raised.value.message
+
+
+def test_redis_urls_become_checked_client_arguments() -> None:
+    from fleetcron.stores.redis.connect import client_args
+
+    address, args = client_args(parse_store_url("redis://:pw@127.0.0.1:6380/3?timeout=2"))
+    assert address == "redis://:pw@127.0.0.1:6380"
+    assert (args["db"], args["socket_timeout"], args["socket_connect_timeout"]) == (3, 2.0, 10.0)
+    address, args = client_args(parse_store_url("unix:///run/redis.sock?db=2"))
+    assert (address, args["db"]) == ("unix:///run/redis.sock", 2)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("postgresql://app:s3cret@db/app?foo=bar", 'invalid URI query parameter: "foo"'),
+        ("postgresql://app:s3cret@db/app?sslmode=bogus", "sslmode must be one of"),
+    ],
+)
+def test_bad_postgres_url_parameters_are_refused_before_connecting(url: str, problem: str) -> None:
+    from fleetcron.stores.sql.postgres import check_conninfo
+
+    with pytest.raises(ConfigurationError) as raised:
+        check_conninfo(parse_store_url(url))
+    assert problem in raised.value.message
+    assert "s3cret" not in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("sqlite:///:memory:", "use memory://"),
+        ("sqlite://:memory:", "use memory://"),
+        ("sqlite:///tmp/x.db?mode=ro", "unknown parameter(s) mode"),
+        ("sqlite:///tmp/x.db?connect_timeout=1", "connect_timeout has no meaning for SQLite"),
+        ("memory://somewhere", "memory:// takes nothing"),
+    ],
+)
+def test_sqlite_and_memory_urls_that_would_be_ignored_are_refused(url: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        parse_store_url(url)
+    assert problem in raised.value.message

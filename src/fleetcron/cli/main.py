@@ -11,14 +11,27 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
 from fleetcron import __version__
 from fleetcron.cli import next_cmd, scheduler_cmds
-from fleetcron.cli.exitcodes import EXIT_STORE_UNAVAILABLE, EXIT_USAGE
+from fleetcron.cli.exitcodes import (
+    EXIT_INTERNAL,
+    EXIT_STORE_REFUSED,
+    EXIT_STORE_UNAVAILABLE,
+    EXIT_USAGE,
+)
 from fleetcron.durations import format_duration, to_micros
-from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
+from fleetcron.errors import (
+    ConfigurationError,
+    FleetcronError,
+    SchemaError,
+    StoreError,
+    StoreRefused,
+    StoreUnavailable,
+)
 from fleetcron.fleet import Fleet
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
@@ -300,14 +313,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"fleetcron: store unavailable: {exc.message}", file=sys.stderr)  # noqa: T201
         return EXIT_STORE_UNAVAILABLE
+    except (StoreRefused, SchemaError) as exc:
+        print(f"fleetcron: store refused: {exc.message}", file=sys.stderr)  # noqa: T201
+        return EXIT_STORE_REFUSED
     except StoreError as exc:
         print(f"fleetcron: store error: {exc.message}", file=sys.stderr)  # noqa: T201
-        return 1
+        return EXIT_INTERNAL
     except FleetcronError as exc:
         print(f"fleetcron: error: {exc.message}", file=sys.stderr)  # noqa: T201
-        return 1
+        return EXIT_INTERNAL
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        # A defect of fleetcron: the traceback is for the bug report; the status is not 1,
+        # which under `exec` would pass for the command's own.
+        traceback.print_exc()
+        print("fleetcron: internal error (a bug; please report it)", file=sys.stderr)  # noqa: T201
+        return EXIT_INTERNAL
 
 
 def entry() -> None:

@@ -26,6 +26,7 @@ import enum
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from fleetcron.errors import FleetcronError, StoreError, StoreUnavailable
 from fleetcron.models import ClaimResult, JobRecord, LeaseRecord, RunOutcome, RunRecord, SlotClaim
 from fleetcron.stores.statements import SqlResult, Statement
 
@@ -38,6 +39,7 @@ __all__ = [
     "Statement",
     "SyncStore",
     "acquired_record",
+    "connect_error",
     "drive",
     "drive_async",
     "rows_to_jobs",
@@ -364,3 +366,15 @@ def _text(value: object) -> str:
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8")
     return str(value)
+
+
+def connect_error(url: str, error: FleetcronError | None) -> FleetcronError:
+    """The error of a failed connect to ``url``, keeping the category of the driver's
+    error (refused credentials are not "try again later"; a bad parameter is not either)."""
+    if error is None:
+        return StoreUnavailable(f"cannot connect to {url}")
+    if isinstance(error, StoreError) and type(error) is not StoreError:
+        return type(error)(f"cannot connect to {url}: {error.message}")
+    if isinstance(error, StoreError):
+        return StoreUnavailable(f"cannot connect to {url}: {error.message}")
+    return error

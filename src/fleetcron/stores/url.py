@@ -7,9 +7,18 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetcron.durations import parse_duration
 from fleetcron.errors import ConfigurationError
 
-__all__ = ["SCHEMES", "StoreURL", "default_sqlite_path", "parse_store_url", "redact"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
+    "SCHEMES",
+    "StoreURL",
+    "default_sqlite_path",
+    "parse_store_url",
+    "redact",
+]
 
 SCHEMES = {
     "memory": "memory",
@@ -24,14 +33,38 @@ SCHEMES = {
 }
 
 
+# Seconds. One pair of limits, the same on every backend, settable in any backend URL
+# (``?connect_timeout=5&timeout=10``): a server that accepts a connection and never
+# answers must not hang a client. On SQLite ``timeout`` is how long a writer waits for
+# the database lock (there is no connection to make).
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = 30.0
+_TIMEOUT_PARAMS = ("timeout", "connect_timeout")
+
+
 @dataclass(frozen=True, slots=True)
 class StoreURL:
-    """A parsed backend URL. ``raw`` keeps credentials; ``redacted`` is safe to print."""
+    """A parsed backend URL. ``raw`` keeps credentials; ``redacted`` is safe to print;
+    ``driver`` is ``raw`` without the parameters fleetcron itself reads (the timeouts)."""
 
     raw: str
     kind: str
     redacted: str
     path: Path | None = None  # SQLite only
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    driver: str = ""
+
+    @property
+    def driver_url(self) -> str:
+        """The URL handed to the driver."""
+        return self.driver or self.raw
+
+    @property
+    def query(self) -> dict[str, str]:
+        """The driver URL's query parameters (the last value of a repeated one)."""
+        query = self.driver_url.partition("?")[2]
+        return dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
 
 
 def _split_userinfo(url: str) -> tuple[str, str, str] | None:
@@ -102,6 +135,84 @@ def default_sqlite_path() -> Path:
     return Path(state) / "fleetcron" / "fleetcron.db"
 
 
+def _seconds(text: str, key: str, redacted: str) -> float:
+    """A timeout: a number of seconds (as libpq, PyMySQL and redis-py write it in URLs)
+    or a duration with its unit (``500ms``, ``2s``)."""
+    value: float
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            value = parse_duration(text, what=key) / 1_000_000
+        except ConfigurationError:
+            value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigurationError(
+            f"backend URL {redacted!r}: {key} must be a positive number of seconds or a "
+            f"duration such as 500ms or 5s, not {text!r}"
+        )
+    return value
+
+
+def _take_timeouts(url: str, redacted: str) -> tuple[str, float, float]:
+    """Remove ``timeout`` and ``connect_timeout`` from ``url``'s query; return what is
+    left and the two values (defaults when absent)."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, DEFAULT_TIMEOUT_S, DEFAULT_CONNECT_TIMEOUT_S
+    kept: list[str] = []
+    found: dict[str, float] = {}
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        name = urllib.parse.unquote_plus(key)
+        if name in _TIMEOUT_PARAMS:
+            found[name] = _seconds(urllib.parse.unquote_plus(value), name, redacted)
+        elif part:
+            kept.append(part)
+    rest = f"{base}?{'&'.join(kept)}" if kept else base
+    return (
+        rest,
+        found.get("timeout", DEFAULT_TIMEOUT_S),
+        found.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT_S),
+    )
+
+
+def _sqlite_url(url: str, rest: str, redacted: str) -> StoreURL:
+    path_text, _, query = rest.partition("?")
+    path_text = urllib.parse.unquote(path_text)
+    if not path_text or path_text == "/":
+        raise ConfigurationError(f"backend URL {redacted!r} names no database file")
+    if "\x00" in path_text:
+        raise ConfigurationError(f"backend URL {redacted!r}: the path contains a NUL byte")
+    if path_text.lstrip("/") == ":memory:":
+        raise ConfigurationError(
+            f"backend URL {redacted!r}: an in-memory SQLite database is private to one "
+            "connection; use memory:// for a store inside one process, or a file path"
+        )
+    params = [p.partition("=")[0] for p in query.split("&") if p]
+    if "connect_timeout" in params:
+        raise ConfigurationError(
+            f"backend URL {redacted!r}: connect_timeout has no meaning for SQLite (there is no "
+            "server to connect to); timeout sets how long a writer waits for the lock"
+        )
+    _, timeout_s, _ = _take_timeouts(url, redacted)
+    unknown = sorted({p for p in params if p not in _TIMEOUT_PARAMS})
+    if unknown:
+        raise ConfigurationError(
+            f"backend URL {redacted!r}: unknown parameter(s) {', '.join(unknown)}; a SQLite "
+            "store is opened read-write (fleetcron writes leases and runs) and takes only "
+            "timeout"
+        )
+    return StoreURL(
+        raw=url,
+        kind="sqlite",
+        redacted=redacted,
+        path=Path(path_text),
+        timeout_s=timeout_s,
+        driver=url.partition("?")[0],
+    )
+
+
 def parse_store_url(url: str) -> StoreURL:
     """Validate ``url`` and say which backend it names. Nothing is opened here."""
     if not isinstance(url, str) or not url.strip():
@@ -121,14 +232,13 @@ def parse_store_url(url: str) -> StoreURL:
     if kind not in ("memory", "sqlite") and scheme.lower() != "unix":
         _check_userinfo(url, redacted)  # a file path may hold '@' and '/'
     if kind == "memory":
+        if rest.strip("/"):
+            raise ConfigurationError(
+                f"backend URL {redacted!r}: memory:// takes nothing after the scheme"
+            )
         return StoreURL(raw=url, kind=kind, redacted=redacted)
     if kind == "sqlite":
-        path_text = urllib.parse.unquote(rest.split("?", 1)[0])
-        if not path_text or path_text == "/":
-            raise ConfigurationError(f"backend URL {redacted!r} names no database file")
-        if "\x00" in path_text:
-            raise ConfigurationError(f"backend URL {redacted!r}: the path contains a NUL byte")
-        return StoreURL(raw=url, kind=kind, redacted=redacted, path=Path(path_text))
+        return _sqlite_url(url, rest, redacted)
     try:
         parts = urllib.parse.urlsplit(url)
         _ = parts.port  # validates the port
@@ -137,4 +247,12 @@ def parse_store_url(url: str) -> StoreURL:
     if kind != "redis" or scheme.lower() != "unix":
         if not parts.hostname and "host=" not in parts.query:
             raise ConfigurationError(f"backend URL {redacted!r} names no host")
-    return StoreURL(raw=url, kind=kind, redacted=redacted)
+    driver, timeout_s, connect_timeout_s = _take_timeouts(url, redacted)
+    return StoreURL(
+        raw=url,
+        kind=kind,
+        redacted=redacted,
+        timeout_s=timeout_s,
+        connect_timeout_s=connect_timeout_s,
+        driver=driver,
+    )

@@ -13,8 +13,21 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.commands.core import Script as RedisScript
 
-from fleetcron.errors import ConfigurationError, FleetcronError, StoreError, StoreUnavailable
-from fleetcron.stores.base import Capability, Operation, Statement, drive, drive_async
+from fleetcron.errors import (
+    FleetcronError,
+    StoreError,
+    StoreRefused,
+    StoreUnavailable,
+)
+from fleetcron.stores.base import (
+    Capability,
+    Operation,
+    Statement,
+    connect_error,
+    drive,
+    drive_async,
+)
+from fleetcron.stores.redis.connect import client_args
 from fleetcron.stores.redis.operations import RedisOperations, _text
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
@@ -29,11 +42,11 @@ log = logging.getLogger("fleetcron")
 def translate(exc: BaseException) -> FleetcronError | None:
     """Map a redis-py exception to fleetcron's hierarchy."""
     if isinstance(exc, redis.exceptions.ReadOnlyError):
-        return ConfigurationError(
+        return StoreRefused(
             "the Redis server is a read-only replica; point the backend URL at the primary"
         )
     if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
-        return StoreError(f"Redis refused the credentials or command: {exc}")
+        return StoreRefused(f"Redis refused the credentials or command: {exc}")
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return StoreUnavailable(f"Redis unreachable: {exc}")
     if isinstance(exc, redis.exceptions.RedisError):
@@ -66,20 +79,9 @@ def _collect(pending: list[int], replies: list[Any], results: list[Any]) -> list
 _SCRIPT_LOAD_TRIES = 3
 
 
-def _client_kwargs(url: StoreURL) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "socket_connect_timeout": 10,
-        "socket_timeout": 30,
-        "health_check_interval": 0,
-    }
-    if not url.raw.startswith("unix://"):  # TCP keepalive has no meaning on a unix socket
-        kwargs["socket_keepalive"] = True
-    return kwargs
-
-
 def _warn_about_config(url: str, policy: str | None, role: str | None) -> None:
     if role and role not in ("master", "primary"):
-        raise ConfigurationError(f"{url} is a Redis {role}, not a primary; point at the primary")
+        raise StoreRefused(f"{url} is a Redis {role}, not a primary; point at the primary")
     if policy and policy.startswith("allkeys-"):
         log.warning(
             "Redis maxmemory-policy is %s: lease hashes can be evicted under memory "
@@ -98,7 +100,8 @@ class RedisStore:
         self.url = url.redacted
         self.ops = RedisOperations()
         self._lock = threading.Lock()
-        self._client: redis.Redis = redis.Redis.from_url(url.raw, **_client_kwargs(url))
+        address, args = client_args(url)
+        self._client: redis.Redis = redis.Redis.from_url(address, **args)
         self._scripts: dict[str, RedisScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
@@ -107,9 +110,7 @@ class RedisStore:
             policy = self._config_get("maxmemory-policy")
         except redis.exceptions.RedisError as exc:
             self._client.close()
-            error = translate(exc)
-            assert error is not None
-            raise StoreUnavailable(f"cannot connect to {self.url}: {error.message}") from exc
+            raise connect_error(self.url, translate(exc)) from exc
         _warn_about_config(self.url, policy, _text(role))
 
     def _config_get(self, key: str) -> str | None:
@@ -179,7 +180,8 @@ class AsyncRedisStore:
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
         self.ops = RedisOperations()
-        self._client: aioredis.Redis = aioredis.Redis.from_url(url.raw, **_client_kwargs(url))
+        address, args = client_args(url)
+        self._client: aioredis.Redis = aioredis.Redis.from_url(address, **args)
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
@@ -189,7 +191,7 @@ class AsyncRedisStore:
             role = (await self._client.execute_command("ROLE"))[0]  # type: ignore[no-untyped-call]
         except redis.exceptions.RedisError as exc:
             await self._client.aclose()
-            raise StoreUnavailable(f"cannot connect to {self.url}: {exc}") from exc
+            raise connect_error(self.url, translate(exc)) from exc
         _warn_about_config(self.url, None, _text(role))
 
     async def _execute(self, statement: Statement) -> Any:

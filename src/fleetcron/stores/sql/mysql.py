@@ -18,6 +18,7 @@ from fleetcron.errors import (
     FleetcronError,
     SchemaError,
     StoreError,
+    StoreRefused,
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, SqlResult
@@ -29,44 +30,27 @@ __all__ = ["MysqlOperations", "MysqlStore", "batch_text", "connect_args", "split
 
 _UNAVAILABLE_CODES = {2002, 2003, 2005, 2006, 2013, 2055, 1040, 1053}
 _NO_TABLE = 1146
+# Access denied (1044, 1045, 1698), unknown database (1049), command/column denied
+# (1142, 1143), missing privilege (1227), read-only server (1290, 1836).
+_REFUSED_CODES = {1044, 1045, 1049, 1142, 1143, 1227, 1290, 1698, 1836}
 
 
-# Seconds. A server that accepts the connection and never answers must not hang a client:
-# PyMySQL's connect_timeout covers the TCP connect only, the greeting and every reply are
-# read under read_timeout. The same figures as the Redis store (10 s / 30 s).
-CONNECT_TIMEOUT_S = 10
-READ_TIMEOUT_S = 30
-_QUERY_KEYS = ("connect_timeout", "read_timeout", "write_timeout", "unix_socket")
-
-
-def _seconds(query: dict[str, str], key: str, default: int, url: StoreURL) -> int:
-    text = query.pop(key, None)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigurationError(
-            f"backend URL {url.redacted!r}: {key} must be a positive number of seconds, "
-            f"not {text!r}"
-        )
-    return value
+_QUERY_KEYS = ("unix_socket",)
 
 
 def connect_args(url: StoreURL) -> dict[str, Any]:
     """PyMySQL keyword arguments from a ``mysql://user:pass@host:port/db?…`` URL.
 
-    Query parameters: ``connect_timeout`` (default 10 s), ``read_timeout`` and
-    ``write_timeout`` (30 s), ``unix_socket``; any other is refused."""
-    parts = urllib.parse.urlsplit(url.raw)
-    query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    The URL's ``connect_timeout`` bounds the TCP connect; its ``timeout`` bounds the
+    greeting and every reply (PyMySQL's ``read_timeout``) and every send
+    (``write_timeout``). ``unix_socket`` is the only other parameter; any other is refused."""
+    parts = urllib.parse.urlsplit(url.driver_url)
+    query = url.query
     unknown = sorted(set(query) - set(_QUERY_KEYS))
     if unknown:
         raise ConfigurationError(
             f"backend URL {url.redacted!r}: unknown parameter(s) {', '.join(unknown)}; "
-            f"known: {', '.join(_QUERY_KEYS)}"
+            "known: timeout, connect_timeout, unix_socket"
         )
     args: dict[str, Any] = {
         "host": parts.hostname or "127.0.0.1",
@@ -76,9 +60,9 @@ def connect_args(url: StoreURL) -> dict[str, Any]:
         "database": urllib.parse.unquote(parts.path.lstrip("/")) or None,
         "charset": "utf8mb4",
         "autocommit": True,
-        "connect_timeout": _seconds(query, "connect_timeout", CONNECT_TIMEOUT_S, url),
-        "read_timeout": _seconds(query, "read_timeout", READ_TIMEOUT_S, url),
-        "write_timeout": _seconds(query, "write_timeout", READ_TIMEOUT_S, url),
+        "connect_timeout": url.connect_timeout_s,
+        "read_timeout": url.timeout_s,
+        "write_timeout": url.timeout_s,
         "client_flag": CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
         # Pin what the statements rely on, whatever the server's defaults; sent together
         # with the isolation level below in one round trip.
@@ -102,6 +86,8 @@ def translate(exc: BaseException) -> FleetcronError | None:
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     if code == _NO_TABLE:
         return store_error(SchemaError, exc, "schema missing: ")
+    if code in _REFUSED_CODES:
+        return store_error(StoreRefused, exc)
     if code in _UNAVAILABLE_CODES or isinstance(exc, pymysql.err.InterfaceError):
         return store_error(StoreUnavailable, exc)
     if isinstance(exc, pymysql.err.OperationalError) and code is not None and code >= 2000:

@@ -10,7 +10,7 @@ import aiomysql
 import pymysql
 
 from fleetcron.errors import StoreUnavailable
-from fleetcron.stores.base import Capability, SqlResult
+from fleetcron.stores.base import Capability, SqlResult, connect_error
 from fleetcron.stores.sql.mysql import (
     MysqlOperations,
     MysqlStore,
@@ -36,9 +36,10 @@ class AsyncMysqlStore(AsyncSqlStore):
         super().__init__(url, MysqlOperations())
         args = connect_args(url)
         args["db"] = args.pop("database")
-        # aiomysql has no read or write timeout: the whole connect (greeting included) is
-        # bounded here instead.
-        self._connect_limit_s = args["connect_timeout"] + args.pop("read_timeout")
+        # aiomysql has no read or write timeout: the whole connect (greeting included) and
+        # every round trip are bounded here instead.
+        self._timeout_s = args.pop("read_timeout")
+        self._connect_limit_s = args["connect_timeout"] + self._timeout_s
         args.pop("write_timeout")
         self._args = args
         self._rowcount = 0
@@ -51,7 +52,9 @@ class AsyncMysqlStore(AsyncSqlStore):
             raise StoreUnavailable(
                 f"cannot connect to {self.url}: no answer in {self._connect_limit_s} s"
             ) from None
-        except (pymysql.err.MySQLError, OSError) as exc:
+        except pymysql.err.MySQLError as exc:
+            raise connect_error(self.url, translate(exc)) from exc
+        except OSError as exc:
             raise StoreUnavailable(f"cannot connect to {self.url}: {exc}") from exc
 
     async def _close(self, conn: Any) -> None:
@@ -76,7 +79,7 @@ class AsyncMysqlStore(AsyncSqlStore):
         results: list[SqlResult] = []
         rowcount = 0
         try:
-            async with conn.cursor() as cur:
+            async with asyncio.timeout(self._timeout_s), conn.cursor() as cur:
                 await cur.execute(sql, params or None)
                 while True:
                     if cur.description is not None:
@@ -87,6 +90,12 @@ class AsyncMysqlStore(AsyncSqlStore):
                         rowcount = cur.rowcount
                     if not await cur.nextset():
                         break
+        except TimeoutError:
+            # Mid-protocol: the connection cannot be reused.
+            await self._drop_connection()
+            raise StoreUnavailable(
+                f"{self.url} did not answer within {self._timeout_s:g} s (the URL's timeout)"
+            ) from None
         except pymysql.err.MySQLError as exc:
             error = translate(exc)
             assert error is not None

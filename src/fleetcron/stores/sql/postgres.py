@@ -4,22 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
+import re
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
-from fleetcron.stores.base import Capability, SqlResult
+from fleetcron.errors import (
+    ConfigurationError,
+    FleetcronError,
+    SchemaError,
+    StoreError,
+    StoreRefused,
+    StoreUnavailable,
+)
+from fleetcron.stores.base import Capability, SqlResult, connect_error
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
 from fleetcron.stores.sql.runner import AsyncSqlStore, SqlSyncStore, store_error
+from fleetcron.stores.sql.watchdog import Deadline, deadline
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["AsyncPostgresStore", "PostgresOperations", "PostgresStore"]
+__all__ = [
+    "AsyncPostgresStore",
+    "PostgresOperations",
+    "PostgresStore",
+    "check_conninfo",
+    "timed_out",
+]
+
+R = TypeVar("R")
 
 # Nothing is set for the session: behind PgBouncer in transaction pooling mode a session
 # setting (or a startup ``options`` parameter, which it refuses) would reach, or come from,
@@ -28,15 +47,15 @@ __all__ = ["AsyncPostgresStore", "PostgresOperations", "PostgresStore"]
 # runs in ``BEGIN ISOLATION LEVEL READ COMMITTED``, and a single autocommit statement
 # refused under a stricter default isolation (SQLSTATE 40001/40P01) is sent again — it
 # changed nothing, being its own transaction.
-_CONNECT_TIMEOUT = 10
 _IDLE = TransactionStatus.IDLE
 _RETRIES = 8  # tries of a single statement refused by serialization or a deadlock
 
 
-def _connect_kwargs() -> dict[str, Any]:
+def _connect_kwargs(url: StoreURL) -> dict[str, Any]:
     return {
         "autocommit": True,
-        "connect_timeout": _CONNECT_TIMEOUT,
+        # libpq counts whole seconds, at least 2.
+        "connect_timeout": max(2, math.ceil(url.connect_timeout_s)),
         "application_name": "fleetcron",
         "keepalives": 1,
         "keepalives_idle": 10,
@@ -45,15 +64,54 @@ def _connect_kwargs() -> dict[str, Any]:
     }
 
 
+# Refusals: bad credentials, no such role or database, missing privileges. A failed
+# connection carries no SQLSTATE, only the server's FATAL message.
+_REFUSED_SQLSTATES = {"28000", "28P01", "3D000", "42501"}
+_REFUSED_TEXT = re.compile(
+    r"password authentication failed|no pg_hba\.conf entry|(role|database) \".*\" does not "
+    r"exist|permission denied|password is required|authentication failed"
+)
+
+
 def translate(exc: BaseException) -> FleetcronError | None:
     """Map a psycopg exception to fleetcron's hierarchy."""
     if isinstance(exc, pg_errors.UndefinedTable):
         return store_error(SchemaError, exc, "schema missing: ")
+    if isinstance(exc, psycopg.Error) and (
+        exc.sqlstate in _REFUSED_SQLSTATES
+        or (isinstance(exc, psycopg.OperationalError) and _REFUSED_TEXT.search(str(exc)))
+    ):
+        return store_error(StoreRefused, exc)
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return store_error(StoreUnavailable, exc)
     if isinstance(exc, psycopg.Error):
         return store_error(StoreError, exc)
     return None
+
+
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+def check_conninfo(url: StoreURL) -> None:
+    """Refuse, before connecting, what libpq would refuse later as a connection failure
+    (an unknown parameter, an impossible ``sslmode``)."""
+    try:
+        params = conninfo_to_dict(url.driver_url)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"backend URL {url.redacted!r}: {exc}") from None
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        raise ConfigurationError(
+            f"backend URL {url.redacted!r}: sslmode must be one of {', '.join(_SSLMODES)}, "
+            f"not {sslmode!r}"
+        )
+
+
+def timed_out(url: StoreURL) -> StoreUnavailable:
+    """The error of a round trip cut by its deadline."""
+    return StoreUnavailable(
+        f"{url.redacted} did not answer within {url.timeout_s:g} s (the backend URL's timeout)"
+    )
 
 
 def _result(cur: Any) -> SqlResult:
@@ -104,6 +162,7 @@ class PostgresStore(SqlSyncStore):
     capabilities = Capability.CROSS_HOST | Capability.SERVER_CLOCK | Capability.PERSISTENT
 
     def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
+        check_conninfo(url)
         self._cursor: Any = None
         super().__init__(url, auto_migrate=auto_migrate)
 
@@ -111,7 +170,20 @@ class PostgresStore(SqlSyncStore):
         return PostgresOperations()
 
     def _connect(self) -> Any:
-        return psycopg.connect(self._url.raw, **_connect_kwargs())
+        return psycopg.connect(self._url.driver_url, **_connect_kwargs(self._url))
+
+    def _guarded(self, work: Callable[[Any], R]) -> R:
+        def bounded(conn: Any) -> R:
+            fd = conn.pgconn.socket
+            try:
+                with deadline(fd, self._url.timeout_s) as limit:
+                    return work(conn)
+            except psycopg.Error as exc:
+                if limit.expired:
+                    raise timed_out(self._url) from exc
+                raise
+
+        return super()._guarded(bounded)
 
     def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
         # One cursor per connection, reused: creating one costs as much as the Python side
@@ -182,13 +254,16 @@ class AsyncPostgresStore(AsyncSqlStore):
     sync_store = PostgresStore
 
     def __init__(self, url: StoreURL) -> None:
+        check_conninfo(url)
         super().__init__(url, PostgresOperations())
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         try:
-            return await psycopg.AsyncConnection.connect(self._url.raw, **_connect_kwargs())
+            return await psycopg.AsyncConnection.connect(
+                self._url.driver_url, **_connect_kwargs(self._url)
+            )
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to {self.url}: {exc}") from exc
+            raise connect_error(self.url, translate(exc)) from exc
 
     async def _close(self, conn: Any) -> None:
         with contextlib.suppress(psycopg.Error):
@@ -196,43 +271,52 @@ class AsyncPostgresStore(AsyncSqlStore):
 
     async def _execute_text(self, sql: str, params: dict[str, object]) -> SqlResult:
         conn = await self._connection()
+        limit = Deadline()
         try:
-            async with conn.cursor() as cur:
-                for attempt in range(_RETRIES):
-                    try:
-                        await cur.execute(sql, params)
-                        break
-                    except _RETRYABLE:
-                        if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
-                            raise
-                        await asyncio.sleep(_retry_pause(attempt))
-                rows = await cur.fetchall() if cur.description is not None else []
-                return SqlResult(rows=list(rows), rowcount=cur.rowcount)
+            with deadline(conn.pgconn.socket, self._url.timeout_s) as limit:
+                return await self._execute_on(conn, sql, params)
         except psycopg.Error as exc:
-            error = translate(exc)
+            error = timed_out(self._url) if limit.expired else translate(exc)
             assert error is not None
             if isinstance(error, StoreUnavailable):
                 await self._drop_connection()
             raise error from exc
+
+    async def _execute_on(
+        self, conn: psycopg.AsyncConnection[Any], sql: str, params: dict[str, object]
+    ) -> SqlResult:
+        async with conn.cursor() as cur:
+            for attempt in range(_RETRIES):
+                try:
+                    await cur.execute(sql, params)
+                    break
+                except _RETRYABLE:
+                    if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
+                        raise
+                    await asyncio.sleep(_retry_pause(attempt))
+            rows = await cur.fetchall() if cur.description is not None else []
+            return SqlResult(rows=list(rows), rowcount=cur.rowcount)
 
     async def _execute_batch(
         self, sql: str, batch: Sequence[Mapping[str, object]]
     ) -> list[SqlResult]:
         conn = await self._connection()
         cursors = [conn.cursor() for _ in batch]
+        limit = Deadline()
         try:
-            async with conn.cursor() as side, conn.pipeline():
-                for cur, params in zip(cursors, batch, strict=True):
-                    await side.execute(_BEGIN)
-                    await cur.execute(sql, params)
-                    await side.execute(_COMMIT)
-            results = []
-            for cur in cursors:
-                rows = await cur.fetchall() if cur.description is not None else []
-                results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
-            return results
+            with deadline(conn.pgconn.socket, self._url.timeout_s) as limit:
+                async with conn.cursor() as side, conn.pipeline():
+                    for cur, params in zip(cursors, batch, strict=True):
+                        await side.execute(_BEGIN)
+                        await cur.execute(sql, params)
+                        await side.execute(_COMMIT)
+                results = []
+                for cur in cursors:
+                    rows = await cur.fetchall() if cur.description is not None else []
+                    results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
+                return results
         except psycopg.Error as exc:
-            error = translate(exc)
+            error = timed_out(self._url) if limit.expired else translate(exc)
             assert error is not None
             if isinstance(error, StoreUnavailable):
                 await self._drop_connection()

@@ -24,6 +24,7 @@ from fleetcron.stores.base import (
     Operations,
     SqlResult,
     Statement,
+    connect_error,
     drive,
     drive_async,
 )
@@ -90,9 +91,7 @@ class SqlSyncStore(ABC):
                 error = self._translate(exc)
                 if error is None:
                     raise
-                # Keep the category: refused credentials are not "try again later".
-                kind = type(error) if isinstance(error, StoreError) else StoreUnavailable
-                raise kind(f"cannot connect to {self.url}: {error.message}") from exc
+                raise connect_error(self.url, error) from exc
         return self._conn
 
     def _discard(self) -> None:

@@ -18,6 +18,7 @@ from fleetcron.errors import (
     FleetcronError,
     SchemaError,
     StoreError,
+    StoreRefused,
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, Operation, SqlResult, drive
@@ -36,7 +37,6 @@ NETWORK_FILESYSTEMS = frozenset(
         "fuse.glusterfs", "fuse.s3fs", "fuse.rclone", "fuse.gcsfuse", "fuse.davfs",
     }
 )  # fmt: skip
-_BUSY_TIMEOUT_MS = 30_000
 MOUNTINFO = Path("/proc/self/mountinfo")
 
 
@@ -107,6 +107,8 @@ def translate(exc: BaseException) -> FleetcronError | None:
     text = str(exc)
     if "no such table" in text:
         return store_error(SchemaError, exc, "schema missing: ")
+    if "not a database" in text or "readonly database" in text:
+        return store_error(StoreRefused, exc)
     if isinstance(exc, sqlite3.OperationalError) and (
         "unable to open" in text or "disk I/O" in text or "locked" in text or "busy" in text
     ):
@@ -114,11 +116,11 @@ def translate(exc: BaseException) -> FleetcronError | None:
     return store_error(StoreError, exc)
 
 
-def _set_wal(conn: sqlite3.Connection) -> None:
+def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
     """Put the database in WAL mode. While another process is creating the same new
     database, the switch can answer "locked" at once, without waiting for busy_timeout:
     try again until the timeout has passed."""
-    give_up = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    give_up = time.monotonic() + timeout_s
     while True:
         try:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -150,13 +152,13 @@ class SqliteStore(SqlSyncStore):
     def _connect(self) -> Any:
         conn = sqlite3.connect(
             self.path,
-            timeout=_BUSY_TIMEOUT_MS / 1000,
+            timeout=self._url.timeout_s,
             isolation_level=None,  # we issue BEGIN IMMEDIATE ourselves
             check_same_thread=False,  # guarded by the store's lock
         )
         try:
-            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            _set_wal(conn)
+            conn.execute(f"PRAGMA busy_timeout = {max(1, round(self._url.timeout_s * 1000))}")
+            _set_wal(conn, self._url.timeout_s)
             # FULL: a fence handed out must survive a power cut, or it could be issued twice.
             conn.execute("PRAGMA synchronous = FULL")
         except BaseException:

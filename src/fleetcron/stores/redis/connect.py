@@ -1,0 +1,108 @@
+"""From a Redis backend URL to redis-py's client arguments, validated up front.
+
+redis-py turns unknown query parameters into keyword arguments (a ``TypeError`` when the
+client is built) and converts known ones without a message (``socket_timeout=abc`` is a
+``ValueError``, ``/abc`` a database it cannot parse). Here each parameter is checked and
+named in the error instead; the timeouts are the backend URL's ``timeout`` and
+``connect_timeout``, the same on every backend.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import Any
+
+from fleetcron.errors import ConfigurationError
+from fleetcron.stores.url import StoreURL
+
+__all__ = ["client_args"]
+
+_TLS_PARAMS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
+_CERT_REQS = ("none", "optional", "required")
+_BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def _database(text: str, url: StoreURL) -> int:
+    if not text.isdigit() or int(text) > 2**31:
+        raise ConfigurationError(
+            f"backend URL {url.redacted!r}: the Redis database must be a number "
+            f"(redis://host:6379/0), not {text!r}"
+        )
+    return int(text)
+
+
+def _tls_args(query: dict[str, str], url: StoreURL) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    reqs = query.get("ssl_cert_reqs")
+    if reqs is not None:
+        if reqs.lower() not in _CERT_REQS:
+            raise ConfigurationError(
+                f"backend URL {url.redacted!r}: ssl_cert_reqs must be one of "
+                f"{', '.join(_CERT_REQS)}, not {reqs!r}"
+            )
+        args["ssl_cert_reqs"] = reqs.lower()
+    for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        path = query.get(key)
+        if path is None:
+            continue
+        if not os.path.isfile(path) or not os.access(path, os.R_OK):
+            raise ConfigurationError(
+                f"backend URL {url.redacted!r}: {key} names {path!r}, not a readable file"
+            )
+        args[key] = path
+    check = query.get("ssl_check_hostname")
+    if check is not None:
+        if check.lower() not in _BOOLEANS:
+            raise ConfigurationError(
+                f"backend URL {url.redacted!r}: ssl_check_hostname must be true or false, "
+                f"not {check!r}"
+            )
+        args["ssl_check_hostname"] = _BOOLEANS[check.lower()]
+    return args
+
+
+def client_args(url: StoreURL) -> tuple[str, dict[str, Any]]:
+    """``(url, kwargs)`` for ``Redis.from_url``: the URL keeps only the scheme, the
+    credentials and the address; everything else is a checked keyword argument.
+
+    Parameters: ``db`` (or the path ``/N``), ``password``, and on ``rediss://`` the TLS
+    ones (``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
+    ``ssl_check_hostname``); ``timeout`` and ``connect_timeout`` are read by
+    :func:`fleetcron.stores.url.parse_store_url`."""
+    parts = urllib.parse.urlsplit(url.driver_url)
+    scheme = parts.scheme.lower()
+    query = url.query
+    known = ["db", "password"] + (list(_TLS_PARAMS) if scheme == "rediss" else [])
+    unknown = sorted(set(query) - set(known))
+    if unknown:
+        hint = " (TLS parameters need rediss://)" if set(unknown) & set(_TLS_PARAMS) else ""
+        raise ConfigurationError(
+            f"backend URL {url.redacted!r}: unknown parameter(s) {', '.join(unknown)}{hint}; "
+            f"known: {', '.join([*known, 'timeout', 'connect_timeout'])}"
+        )
+    path = parts.path
+    args: dict[str, Any] = {
+        "socket_connect_timeout": url.connect_timeout_s,
+        "socket_timeout": url.timeout_s,
+        "health_check_interval": 0,
+    }
+    if scheme == "unix":
+        base = f"{parts.scheme}://{parts.netloc}{path}"
+    else:
+        # TCP keepalive has no meaning on a unix socket.
+        args["socket_keepalive"] = True
+        base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+        in_path = path.strip("/")
+        if in_path and "db" in query:
+            raise ConfigurationError(
+                f"backend URL {url.redacted!r} names the database twice (path and ?db=)"
+            )
+        if in_path:
+            args["db"] = _database(in_path, url)
+    if "db" in query:
+        args["db"] = _database(query["db"], url)
+    if "password" in query:
+        args["password"] = query["password"]
+    args.update(_tls_args(query, url))
+    return base, args
