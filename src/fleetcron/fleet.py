@@ -59,6 +59,18 @@ R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _check_backend(backend: object, *, store_allowed: bool) -> None:
+    """Refuse, by its type, a backend that is neither a URL (nor, where allowed, an open
+    store): ``Fleet(5)`` must fail here, not with an AttributeError on first use."""
+    if backend is None or isinstance(backend, str):
+        return
+    if store_allowed and hasattr(backend, "run") and hasattr(backend, "ops"):
+        return
+    hint = " (decode it: backend.decode())" if isinstance(backend, bytes | bytearray) else ""
+    wanted = "a URL string or an open store" if store_allowed else "a URL string"
+    raise ConfigurationError(f"backend must be {wanted}, not {type(backend).__name__}{hint}")
+
+
 class Fleet(JobRegistry):
     """A store and a namespace; hands out leases with fencing tokens (sync API).
 
@@ -75,6 +87,7 @@ class Fleet(JobRegistry):
         namespace: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        _check_backend(backend, store_allowed=True)
         self.namespace = resolve_namespace(namespace)
         self.clock = clock
         self._url: StoreURL | None = None
@@ -330,6 +343,11 @@ class AsyncFleet(JobRegistry):
     def __init__(
         self, store: AsyncStore, *, namespace: str | None = None, clock: Clock = SYSTEM_CLOCK
     ) -> None:
+        if not (hasattr(store, "run") and hasattr(store, "ops")):
+            raise ConfigurationError(
+                f"AsyncFleet takes an open async store, not {type(store).__name__}; "
+                "use `await AsyncFleet.connect(url)` for a URL"
+            )
         JobRegistry.__init__(self)
         self.store = store
         self.namespace = resolve_namespace(namespace)
@@ -348,6 +366,7 @@ class AsyncFleet(JobRegistry):
         clock: Clock = SYSTEM_CLOCK,
     ) -> AsyncFleet:
         """Open the store behind ``backend`` (same resolution as :class:`Fleet`)."""
+        _check_backend(backend, store_allowed=False)
         namespace = resolve_namespace(namespace)
         url = resolve_backend(backend)
         fleet = cls(await open_async_store(url), namespace=namespace, clock=clock)

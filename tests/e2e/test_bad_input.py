@@ -112,6 +112,14 @@ def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path)
         ("postgresql://app:hunter2@Xy9z@127.0.0.1:5999/test", "percent-encoded"),
         ("mysql://root:hunter2?x@127.0.0.1:3306/test", "percent-encoded"),
         ("redis://:hunter2/x@127.0.0.1:6379/0", "percent-encoded"),
+        ("mysql://root:hunter2@127.0.0.1:3306/test?foo=bar", "unknown parameter(s) foo"),
+        ("redis://:hunter2@127.0.0.1:6379/abc", "the Redis database must be a number"),
+        ("redis://:hunter2@127.0.0.1:6379/0?socket_timeout=abc", "unknown parameter(s)"),
+        ("rediss://:hunter2@127.0.0.1:6379/0?ssl_cert_reqs=bogus", "ssl_cert_reqs must be"),
+        ("postgresql://u:hunter2@127.0.0.1:5432/test?foo=bar", "invalid URI query parameter"),
+        ("postgresql://u:hunter2@127.0.0.1:5432/test?timeout=abc", "timeout must be a positive"),
+        ("sqlite:///tmp/fleetcron-never.db?mode=ro", "unknown parameter(s) mode"),
+        ("sqlite:///:memory:", "use memory://"),
     ],
 )
 def test_a_bad_backend_url_is_refused(
@@ -120,6 +128,20 @@ def test_a_bad_backend_url_is_refused(
     result = Cli(url, namespace, tmp_path).run(*_exec("job", marker=marker))
     assert_clean_error(result, EXIT_USAGE, message)
     assert "hunter2" not in result.stderr, "the password was printed"
+
+
+def test_an_unknown_log_level_is_refused(sqlite_cli: Cli, tmp_path: Path, marker: Path) -> None:
+    result = sqlite_cli.run(*_exec("job", marker=marker), env={"FLEETCRON_LOG_LEVEL": "LOUD"})
+    assert_clean_error(result, EXIT_USAGE, "FLEETCRON_LOG_LEVEL='LOUD' is not a level")
+    assert not (tmp_path / "fleetcron.db").exists()
+
+
+def test_leader_ttl_outside_leader_mode_is_refused(sqlite_cli: Cli, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text('[jobs.tick]\nevery = "1m"\ncommand = ["true"]\n')
+    result = sqlite_cli.run("run", str(jobs), "--leader-ttl", "30s")
+    assert_clean_error(result, EXIT_USAGE, "--leader-ttl applies to leader mode only")
+    assert not (tmp_path / "fleetcron.db").exists()
 
 
 def test_a_sqlite_path_in_a_missing_directory_is_refused(

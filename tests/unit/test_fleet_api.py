@@ -108,3 +108,16 @@ def test_scheduler_options_are_checked_when_the_scheduler_is_made() -> None:
         fleet.scheduler(shutdown_grace=3)
     with pytest.raises(ConfigurationError, match="concurrency must be an integer"):
         fleet.scheduler(concurrency="4")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", [5, b"sqlite:///tmp/x.db", 1.5, ["memory://"]])
+def test_a_backend_of_the_wrong_type_is_refused_at_once(backend: object) -> None:
+    with pytest.raises(ConfigurationError, match="backend must be a URL string or an open store"):
+        Fleet(backend)  # type: ignore[arg-type]
+
+
+def test_async_fleet_refuses_what_is_not_a_url_or_a_store() -> None:
+    with pytest.raises(ConfigurationError, match="backend must be a URL string, not bytes"):
+        asyncio.run(AsyncFleet.connect(b"memory://"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="AsyncFleet takes an open async store, not str"):
+        AsyncFleet("memory://")  # type: ignore[arg-type]

@@ -155,10 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def _configure_logging(verbosity: int, *, daemon: bool = False) -> None:
     # A daemon reports every run (info); a one-shot command only what went wrong.
     base = 1 if daemon else 0
-    level = os.environ.get("FLEETCRON_LOG_LEVEL", "").upper() or (
+    configured = os.environ.get("FLEETCRON_LOG_LEVEL", "").strip().upper()
+    if configured and configured not in _LOG_LEVELS:
+        raise ConfigurationError(
+            f"FLEETCRON_LOG_LEVEL={configured!r} is not a level; use one of "
+            f"{', '.join(_LOG_LEVELS)}"
+        )
+    level = configured or (
         "WARNING" if verbosity + base == 0 else "INFO" if verbosity + base == 1 else "DEBUG"
     )
     handler = logging.StreamHandler(sys.stderr)
@@ -166,7 +175,7 @@ def _configure_logging(verbosity: int, *, daemon: bool = False) -> None:
     handler.setFormatter(logging.Formatter(fmt))
     logger = logging.getLogger("fleetcron")
     logger.handlers[:] = [handler]
-    logger.setLevel(level if level in logging.getLevelNamesMapping() else "WARNING")
+    logger.setLevel(level)
     logger.propagate = False
 
 
@@ -304,8 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _glue_negative_values(arguments)
     parser = build_parser()
     args = parser.parse_args(arguments)
-    _configure_logging(getattr(args, "verbose", 0), daemon=args.command == "run")
     try:
+        _configure_logging(getattr(args, "verbose", 0), daemon=args.command == "run")
         return _dispatch(args, command)
     except ConfigurationError as exc:
         print(f"fleetcron: error: {exc.message}", file=sys.stderr)  # noqa: T201

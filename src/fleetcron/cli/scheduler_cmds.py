@@ -53,9 +53,10 @@ def add_parsers(
     )
     run.add_argument(
         "--leader-ttl",
-        default="15s",
+        default=None,
         metavar="D",
-        help="leader mode: lease length; a dead leader is replaced within about this long",
+        help="leader mode only: lease length (default 15s); a dead leader is replaced within "
+        "about this long",
     )
 
     runs = subparsers.add_parser("runs", parents=list(parents), help="show the run ledger")
@@ -85,6 +86,9 @@ def add_parsers(
         command.add_argument("job", metavar="JOB")
 
 
+_DEFAULT_LEADER_TTL = "15s"
+
+
 def _job_arg(args: argparse.Namespace) -> str | None:
     """The JOB argument, checked like every name before anything reads the store."""
     job: str | None = args.job
@@ -108,14 +112,20 @@ def run_run(args: argparse.Namespace) -> int:
     grace = to_micros(args.shutdown_grace, what="--shutdown-grace")
     if grace < 0:
         raise ConfigurationError(f"--shutdown-grace must not be negative: {args.shutdown_grace!r}")
-    leader_ttl = to_micros(args.leader_ttl, what="--leader-ttl")
+    mode = args.mode or jobs_file.mode or "claim"
+    if args.leader_ttl is not None and mode != "leader":
+        raise ConfigurationError(
+            f"--leader-ttl applies to leader mode only; this run is in {mode} mode "
+            '(set --mode leader or mode = "leader" in the jobs file)'
+        )
+    leader_ttl = to_micros(args.leader_ttl or _DEFAULT_LEADER_TTL, what="--leader-ttl")
     if leader_ttl < 1_000_000:
         raise ConfigurationError(f"--leader-ttl must be at least 1s, got {args.leader_ttl!r}")
     url = resolve_backend(getattr(args, "backend", None), jobs_file.backend)
     options = SchedulerOptions(
         leader_ttl_us=leader_ttl,
         namespace=_namespace(args, jobs_file.namespace),
-        mode=args.mode or jobs_file.mode or "claim",
+        mode=mode,
         concurrency=args.concurrency,
         shutdown_grace_s=grace / 1e6,
         backend_url=url.raw,

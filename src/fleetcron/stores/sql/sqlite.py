@@ -116,6 +116,38 @@ def translate(exc: BaseException) -> FleetcronError | None:
     return store_error(StoreError, exc)
 
 
+_SQLITE_FULL = 13
+_SQLITE_IOERR = 10
+_LOW_SPACE_BYTES = 1 << 20
+
+
+def _out_of_space(exc: sqlite3.Error, path: Path) -> bool:
+    """Whether ``exc`` comes from a full disk: SQLITE_FULL, or an I/O error while the
+    file system holding the database has (almost) no space left — a WAL or shared-memory
+    file that cannot grow is reported as ``disk I/O error``."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code == _SQLITE_FULL:
+        return True
+    if code != _SQLITE_IOERR:
+        return False
+    try:
+        stats = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < _LOW_SPACE_BYTES
+
+
+def _roll_back(conn: sqlite3.Connection) -> None:
+    """End a failed transaction. A rollback that fails too (the disk is full, the
+    connection broken) must not hide the first error; SQLite rolls the journal back on
+    the next open."""
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
 def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
     """Put the database in WAL mode. While another process is creating the same new
     database, the switch can answer "locked" at once, without waiting for busy_timeout:
@@ -180,8 +212,7 @@ class SqliteStore(SqlSyncStore):
             rowcount = cur.rowcount
             conn.execute("COMMIT")
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _roll_back(conn)
             raise
         return SqlResult(rows=rows, rowcount=rowcount)
 
@@ -190,26 +221,32 @@ class SqliteStore(SqlSyncStore):
         read and write rows atomically, whatever other processes do meanwhile."""
         with self._lock:
             conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                error = translate(exc)
-                assert error is not None
-                raise error from exc
             self._in_operation = True
             try:
+                self._sqlite(conn, "BEGIN IMMEDIATE")
                 result = drive(operation, self._statement)
-                conn.execute("COMMIT")
+                self._sqlite(conn, "COMMIT")  # a full disk shows here, when the WAL grows
             except BaseException:
-                if self._conn is conn and conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                if self._conn is conn:
+                    _roll_back(conn)
                 raise
             finally:
                 self._in_operation = False
             return result
 
+    def _sqlite(self, conn: sqlite3.Connection, sql: str) -> None:
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            error = self._translate(exc)
+            assert error is not None
+            raise error from exc
+
     def _translate(self, exc: BaseException) -> FleetcronError | None:
-        return translate(exc)
+        error = translate(exc)
+        if isinstance(exc, sqlite3.Error) and _out_of_space(exc, self.path):
+            return store_error(StoreUnavailable, exc, f"the disk holding {self.path} is full: ")
+        return error
 
     def _migrate_locked(self) -> list[str]:
         conn = self._connection()
