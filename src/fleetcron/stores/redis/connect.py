@@ -9,14 +9,22 @@ named in the error instead; the timeouts are the backend URL's ``timeout`` and
 
 from __future__ import annotations
 
+import logging
 import os
 import urllib.parse
 from typing import Any
 
-from fleetcron.errors import ConfigurationError
+from fleetcron.errors import ConfigurationError, StoreRefused
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["client_args"]
+__all__ = ["PERSISTENCE_MARKER", "check_server", "client_args", "probe"]
+
+log = logging.getLogger("fleetcron")
+
+# Set (NX) by the first client after the server started without data: a Redis that keeps
+# nothing loses it with everything else on a restart, so the loud warning comes again
+# exactly when the ledger was lost, and once, not on every `fleetcron exec`.
+PERSISTENCE_MARKER = "fleetcron:persistence-warned"
 
 _TLS_PARAMS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
 _CERT_REQS = ("none", "optional", "required")
@@ -106,3 +114,50 @@ def client_args(url: StoreURL) -> tuple[str, dict[str, Any]]:
         args["password"] = query["password"]
     args.update(_tls_args(query, url))
     return base, args
+
+
+def probe(pipe: Any) -> None:
+    """Queue on ``pipe`` (sync or async, ``transaction=False``) what
+    :func:`check_server` reads: one round trip when the store opens."""
+    pipe.execute_command("ROLE")
+    pipe.config_get("maxmemory-policy")
+    pipe.config_get("appendonly")
+    pipe.config_get("save")
+    pipe.set(PERSISTENCE_MARKER, "1", nx=True)
+
+
+def _config(reply: object, key: str) -> str | None:
+    """A ``CONFIG GET`` answer, ``None`` when CONFIG is disabled (managed Redis)."""
+    if not isinstance(reply, dict):
+        return None
+    value = reply.get(key, reply.get(key.encode()))
+    return value.decode() if isinstance(value, bytes) else None if value is None else str(value)
+
+
+def check_server(url: str, replies: list[Any]) -> None:
+    """Refuse a replica; warn about eviction and about a server that keeps nothing."""
+    role_reply, policy, appendonly, save, first = replies
+    if isinstance(role_reply, Exception):
+        raise role_reply
+    role = role_reply[0].decode() if isinstance(role_reply[0], bytes) else str(role_reply[0])
+    if role not in ("master", "primary"):
+        raise StoreRefused(f"{url} is a Redis {role}, not a primary; point at the primary")
+    eviction = _config(policy, "maxmemory-policy")
+    if eviction and eviction.startswith("allkeys-"):
+        log.warning(
+            "Redis maxmemory-policy is %s: lease hashes can be evicted under memory "
+            "pressure (fences stay monotonic; a lease may be lost early)",
+            eviction,
+            extra={"action": "store_warning", "store": url},
+        )
+    aof, rdb = _config(appendonly, "appendonly"), _config(save, "save")
+    if aof is None or rdb is None or aof == "yes" or rdb.strip():
+        return
+    log.log(
+        logging.WARNING if first is True else logging.INFO,
+        'Redis at %s keeps nothing across a restart (appendonly no, save ""): a restart '
+        "loses every lease and the run ledger, so a slot that already ran can run again; "
+        "set appendonly yes (see docs/backends.md)",
+        url,
+        extra={"action": "store_warning", "store": url},
+    )

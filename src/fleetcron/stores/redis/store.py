@@ -27,7 +27,7 @@ from fleetcron.stores.base import (
     drive,
     drive_async,
 )
-from fleetcron.stores.redis.connect import client_args
+from fleetcron.stores.redis.connect import check_server, client_args, probe
 from fleetcron.stores.redis.operations import RedisOperations, _text
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
@@ -79,18 +79,6 @@ def _collect(pending: list[int], replies: list[Any], results: list[Any]) -> list
 _SCRIPT_LOAD_TRIES = 3
 
 
-def _warn_about_config(url: str, policy: str | None, role: str | None) -> None:
-    if role and role not in ("master", "primary"):
-        raise StoreRefused(f"{url} is a Redis {role}, not a primary; point at the primary")
-    if policy and policy.startswith("allkeys-"):
-        log.warning(
-            "Redis maxmemory-policy is %s: lease hashes can be evicted under memory "
-            "pressure (fences stay monotonic; a lease may be lost early)",
-            policy,
-            extra={"action": "store_warning", "store": url},
-        )
-
-
 class RedisStore:
     """Sync Redis store."""
 
@@ -106,20 +94,16 @@ class RedisStore:
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
         try:
-            role = self._client.execute_command("ROLE")[0]  # type: ignore[no-untyped-call]
-            policy = self._config_get("maxmemory-policy")
+            with self._client.pipeline(transaction=False) as pipe:
+                probe(pipe)
+                replies = pipe.execute(raise_on_error=False)
+            check_server(self.url, replies)
         except redis.exceptions.RedisError as exc:
             self._client.close()
             raise connect_error(self.url, translate(exc)) from exc
-        _warn_about_config(self.url, policy, _text(role))
-
-    def _config_get(self, key: str) -> str | None:
-        try:
-            reply = self._client.config_get(key)
-        except redis.exceptions.ResponseError:  # CONFIG may be disabled (managed Redis)
-            return None
-        value = reply.get(key) if isinstance(reply, dict) else None
-        return _text(value) if value is not None else None
+        except StoreRefused:
+            self._client.close()
+            raise
 
     def _execute(self, statement: Statement) -> Any:
         match statement:
@@ -188,11 +172,16 @@ class AsyncRedisStore:
 
     async def open(self) -> None:
         try:
-            role = (await self._client.execute_command("ROLE"))[0]  # type: ignore[no-untyped-call]
+            async with self._client.pipeline(transaction=False) as pipe:
+                probe(pipe)
+                replies = await pipe.execute(raise_on_error=False)
+            check_server(self.url, replies)
         except redis.exceptions.RedisError as exc:
             await self._client.aclose()
             raise connect_error(self.url, translate(exc)) from exc
-        _warn_about_config(self.url, None, _text(role))
+        except StoreRefused:
+            await self._client.aclose()
+            raise
 
     async def _execute(self, statement: Statement) -> Any:
         try:
