@@ -13,6 +13,7 @@ __all__ = [
     "RUN_STATES",
     "TRIGGERS",
     "ClaimResult",
+    "DefinitionConflict",
     "JobRecord",
     "LeaseRecord",
     "RunOutcome",
@@ -96,7 +97,10 @@ class SlotClaim:
     ``buffer_one``, ``cancel_other``); otherwise only the job's fence counter moves
     (``allow``). ``max_attempts`` is ``1 + retries``. ``deadline_us``: the store time by
     which a first attempt must start; past it, a slot with no row is recorded as
-    ``missed`` instead of claimed (``None``: no deadline).
+    ``missed`` instead of claimed (``None``: no deadline). ``fingerprint``: the claiming
+    replica's fingerprint of the job's definition; while the job's registered definition
+    has another, the claim is refused (``conflict``) and nothing is written (``None``: no
+    check, as for ``fleetcron exec``).
     """
 
     job: str
@@ -107,6 +111,13 @@ class SlotClaim:
     trigger: str = "schedule"
     least_us: int = 0
     deadline_us: int | None = None
+    fingerprint: str | None = None
+
+    def conflicts_with(self, stored_fingerprint: str | None) -> bool:
+        """Whether the job's registered definition (``stored_fingerprint``; ``None`` or
+        ``''``: none registered) is another than the one this claim was made for."""
+        mine = self.fingerprint
+        return mine is not None and stored_fingerprint not in (None, "", mine)
 
     @property
     def moves_progress(self) -> bool:
@@ -120,23 +131,28 @@ class SlotClaim:
         return self.trigger in PAUSABLE_TRIGGERS
 
 
-CLAIM_STATUSES = ("claimed", "not_due", "paused", "taken", "missed", "busy")
+CLAIM_STATUSES = ("claimed", "not_due", "conflict", "paused", "taken", "missed", "busy")
 """What a slot claim answers: ``claimed``; ``not_due`` (the store's clock has not reached
-the slot); ``paused`` (a paused job's schedule); ``taken`` (the slot has a row that cannot
-be claimed: running elsewhere, or final); ``missed`` (the slot had no row and its
-deadline had passed: it is now recorded as ``missed``); ``busy`` (the slot could run but
-the job's lease is held by another attempt)."""
+the slot); ``conflict`` (the job's registered definition is another than the claimer's,
+:meth:`SlotClaim.conflicts_with`: nothing is written); ``paused`` (a paused job's
+schedule); ``taken`` (the slot has a row that cannot be claimed: running elsewhere, or
+final); ``missed`` (the slot had no row and its deadline had passed: it is now recorded as
+``missed``); ``busy`` (the slot could run but the job's lease is held by another
+attempt)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimResult:
     """The answer to one :class:`SlotClaim`: ``run`` is the claimed attempt when
-    ``status`` is ``claimed``, else ``None``; ``status`` is one of :data:`CLAIM_STATUSES`."""
+    ``status`` is ``claimed``, else ``None``; ``status`` is one of :data:`CLAIM_STATUSES`;
+    ``stored_fingerprint`` is the registered definition's fingerprint when it is
+    ``conflict``, else ``None``."""
 
     job: str
     slot_us: int
     status: str
     run: RunRecord | None = None
+    stored_fingerprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,3 +209,21 @@ class JobRecord:
     last_failure_us: int | None
     updated_us: int
     now_us: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DefinitionConflict:
+    """Two replicas define ``job`` differently: ``local_fingerprint`` is this replica's
+    definition, ``other_fingerprint`` the other one — the definition in the store (which
+    governs) when this replica is the one that does not run the job, or the definition
+    this replica replaced when it registered its own. ``since_us``: when this replica
+    found out, on the store's clock (µs since the epoch)."""
+
+    job: str
+    local_fingerprint: str
+    other_fingerprint: str
+    since_us: int
+
+    @property
+    def since(self) -> datetime:
+        return micros_to_datetime(self.since_us)

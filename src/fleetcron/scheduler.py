@@ -9,7 +9,8 @@ leader mode only the holder of the leader lease runs the loop.
 
 This module is the loop and the claims; the rooms it ties together are in
 :mod:`fleetcron.scheduling`: planning (the due heap, catch-up), recovery (runs to claim
-again), supervision (running an attempt under its slot lease) and leadership (the elector).
+again), supervision (running an attempt under its slot lease), leadership (the elector)
+and definitions (which definition of a job governs when replicas disagree).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import itertools
 import json
 import random
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from fleetcron._log import log
 from fleetcron.clock import SYSTEM_CLOCK, Clock
@@ -29,7 +30,8 @@ from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import JobSpec
 from fleetcron.keepalive import backoff_s
 from fleetcron.lease import new_holder
-from fleetcron.models import ClaimResult, JobRecord, RunRecord, SlotClaim
+from fleetcron.models import ClaimResult, DefinitionConflict, JobRecord, RunRecord, SlotClaim
+from fleetcron.scheduling.definitions import Definitions
 from fleetcron.scheduling.leadership import LEADER_LEASE, Elector
 from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT as _MISSED_RECORD_LIMIT
 from fleetcron.scheduling.planning import (
@@ -43,7 +45,14 @@ from fleetcron.scheduling.recovery import RECOVERY_EVERY_S, Recovery
 from fleetcron.scheduling.supervision import ABANDONED_REASON, Supervisor, SupervisorOptions
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["ABANDONED_REASON", "LEADER_LEASE", "AsyncScheduler", "SchedulerOptions", "StoreOutage"]
+__all__ = [
+    "ABANDONED_REASON",
+    "LEADER_LEASE",
+    "AsyncScheduler",
+    "DefinitionConflict",
+    "SchedulerOptions",
+    "StoreOutage",
+]
 
 _REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
@@ -103,6 +112,7 @@ class AsyncScheduler:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
         self.outage = StoreOutage()
+        self.definitions = Definitions({spec.name: spec.fingerprint() for spec in jobs})
         self.recovery = Recovery(store, options.namespace, self.specs)
         self.supervisor = Supervisor(
             store,
@@ -140,6 +150,23 @@ class AsyncScheduler:
         # One C-level copy of the values: safe while the loop's thread changes the dict.
         return [entry.record for entry in list(self.supervisor.running.values())]
 
+    @property
+    def conflicts(self) -> Mapping[str, DefinitionConflict]:
+        """The jobs this replica does not run because the store holds another definition of
+        them — registered by a replica that started later, which governs — by name;
+        ``other_fingerprint`` is the stored one. A job leaves once the definitions agree
+        again. Learnt from the claims' answers, so a job shows here from its first slot
+        claimed after the other definition was registered."""
+        return dict(self.definitions.conflicts)  # a copy: safe from another thread
+
+    @property
+    def replaced(self) -> Mapping[str, DefinitionConflict]:
+        """The other definitions this replica replaced in the store when it registered its
+        own, by job name; ``other_fingerprint`` is the replaced one. This replica's
+        definition governs: it runs those jobs, and a replica still defining one of them
+        the other way does not (that replica lists it in its :attr:`conflicts`)."""
+        return dict(self.definitions.replaced)
+
     async def run(self) -> None:
         """Run until :meth:`stop`; then drain and return."""
         await self._register()
@@ -173,33 +200,28 @@ class AsyncScheduler:
         # Each replica registers in its own order, in batches (one round trip each), so
         # replicas starting together do not queue on the same job rows.
         random.shuffle(specs)
+        fingerprints = self.definitions.local
         for start in range(0, len(specs), _REGISTER_BATCH):
             chunk = specs[start : start + _REGISTER_BATCH]
-            fingerprints = [spec.fingerprint() for spec in chunk]
             befores = await self.store.run(
                 self.ops.job_register(
                     ns,
                     [
-                        (spec.name, json.dumps(spec.definition(), sort_keys=True), fp)
-                        for spec, fp in zip(chunk, fingerprints, strict=True)
+                        (
+                            spec.name,
+                            json.dumps(spec.definition(), sort_keys=True),
+                            fingerprints[spec.name],
+                        )
+                        for spec in chunk
                     ],
                 )
             )
-            for spec, fingerprint, before in zip(chunk, fingerprints, befores, strict=True):
-                self._add_job(spec, fingerprint, before, store_now)
+            for spec, before in zip(chunk, befores, strict=True):
+                self._add_job(spec, before, store_now)
 
-    def _add_job(
-        self, spec: JobSpec, fingerprint: str, before: JobRecord | None, store_now: int
-    ) -> None:
-        if before is not None and before.fingerprint not in ("", fingerprint):
-            log.warning(
-                "job %s is defined differently by another replica (fingerprint %s, "
-                "here %s); the last registration wins for status displays",
-                spec.name,
-                before.fingerprint,
-                fingerprint,
-                extra={"action": "job_definition_conflict", "job": spec.name},
-            )
+    def _add_job(self, spec: JobSpec, before: JobRecord | None, store_now: int) -> None:
+        # The row as it was: another definition is reported, and this one now governs.
+        self.definitions.registered(spec.name, before, store_now)
         high_water = before.high_water_us if before is not None else None
         # A job new to the fleet starts now; a known one resumes after its last slot,
         # so slots missed while every replica was down meet the catch-up policy.
@@ -243,7 +265,10 @@ class AsyncScheduler:
             return
         for row in rows:
             job = self._jobs.get(row.job)
-            if job is not None and row.high_water_us is not None:
+            if job is None:
+                continue
+            self.definitions.stored(row.job, row.fingerprint, row.now_us)
+            if row.high_water_us is not None:
                 job.cursor_us = max(job.cursor_us, row.high_water_us)
 
     # -- the loop --------------------------------------------------------------------------
@@ -312,7 +337,10 @@ class AsyncScheduler:
         plan = plan_slots(job, now)
         if not plan.ready:
             return []
-        for slot in plan.missed[-_MISSED_RECORD_LIMIT:]:
+        # A superseded definition's slots are not the job's: nothing is recorded for them
+        # (a row would keep the governing replica from a slot both schedules have).
+        missed = [] if spec.name in self.definitions.conflicts else plan.missed
+        for slot in missed[-_MISSED_RECORD_LIMIT:]:
             await self.store.run(
                 self.ops.run_record(
                     self.options.namespace,
@@ -323,13 +351,13 @@ class AsyncScheduler:
                     "schedule",
                 )
             )
-        if plan.missed:
+        if missed:
             log.warning(
                 "%s: %d slot(s) missed (catchup = %s)",
                 spec.name,
-                len(plan.missed),
+                len(missed),
                 spec.catchup,
-                extra={"action": "slot_missed", "job": spec.name, "count": len(plan.missed)},
+                extra={"action": "slot_missed", "job": spec.name, "count": len(missed)},
             )
         job.cursor_us = plan.ready[-1]  # only once recorded: a store error retries the lot
         # Caught-up slots run one after another, not "skipped while the previous runs".
@@ -401,8 +429,12 @@ class AsyncScheduler:
         try:
             for ttl in sorted(set(ttl_by_job.values())):
                 batch = [c for c in claims if ttl_by_job[c.job] == ttl]
+                # Each claim is sent with this replica's definition of its job: the store
+                # refuses it while the registered definition is another (conflict).
+                local = self.definitions.local
+                signed = [replace(c, fingerprint=local[c.job]) for c in batch]
                 results = await self.store.run(
-                    self.ops.run_claim(self.options.namespace, batch, self.holder, ttl)
+                    self.ops.run_claim(self.options.namespace, signed, self.holder, ttl)
                 )
                 answers += zip(batch, results, strict=True)
         finally:
@@ -416,10 +448,13 @@ class AsyncScheduler:
         if answers:  # a quarter or more taken by others: sift the queue before claiming
             taken = sum(1 for _, answer in answers if answer.status == "taken")
             self._contended = 4 * taken >= len(answers)
+        store_now = self._now()
+        for _, answer in answers:
+            self.definitions.answered(answer, store_now)
         # Start every won slot before anything that may fail: a claimed attempt that is
         # not started would hold its job's lease, and its slot, for nothing.
         for claim, answer in answers:
-            if answer.status in ("claimed", "taken", "missed"):
+            if answer.status in ("claimed", "taken", "missed", "conflict"):
                 self._catching_up.discard((claim.job, claim.slot_us))
             if answer.run is not None:
                 self.supervisor.start(answer.run, sent)
@@ -442,6 +477,8 @@ class AsyncScheduler:
         for index, claim in enumerate(blocked):
             if claim.trigger != "schedule" or claim.deadline_us is None:
                 continue
+            if claim.job in self.definitions.conflicts:
+                continue  # not the job's slot: nothing is recorded for it
             try:
                 await self._skip(claim, ABANDONED_REASON)
             except StoreError:
@@ -453,6 +490,8 @@ class AsyncScheduler:
         the slot is settled elsewhere (taken, or final), freeing its place in the batch."""
         if status == "taken":
             return True  # another replica has it, or it is final: exactly once, nothing to do
+        if status == "conflict":
+            return True  # the stored definition governs: its replicas run the job
         if status == "missed":
             log.warning(
                 "%s: slot %d missed: not started by its deadline (catchup = %s)",

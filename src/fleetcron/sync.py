@@ -13,12 +13,12 @@ import asyncio
 import concurrent.futures
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError
 from fleetcron.jobspec import JobSpec
-from fleetcron.models import RunRecord
+from fleetcron.models import DefinitionConflict, RunRecord
 from fleetcron.portal import Portal
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores.base import AsyncStore
@@ -62,6 +62,22 @@ class Scheduler:
         """Attempts in flight on this replica."""
         core = self.core
         return core.running if core is not None else []
+
+    @property
+    def conflicts(self) -> Mapping[str, DefinitionConflict]:
+        """The jobs this replica does not run because the store holds another definition
+        of them (:attr:`AsyncScheduler.conflicts <fleetcron.scheduler.AsyncScheduler.conflicts>`);
+        empty while the scheduler is not running."""
+        core = self.core
+        return core.conflicts if core is not None else {}
+
+    @property
+    def replaced(self) -> Mapping[str, DefinitionConflict]:
+        """The other definitions this replica replaced in the store when it started
+        (:attr:`AsyncScheduler.replaced <fleetcron.scheduler.AsyncScheduler.replaced>`);
+        empty while the scheduler is not running."""
+        core = self.core
+        return core.replaced if core is not None else {}
 
     async def _serve(self, *, stop_on_signals: bool) -> None:
         store = await self._open_store()

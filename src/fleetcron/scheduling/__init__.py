@@ -8,4 +8,6 @@
   keepalive, the executor and its stop sequence, the outcome, abandoned threads.
 - :mod:`~fleetcron.scheduling.leadership` — leader mode: the elector that holds the
   namespace's leader lease, with test signals.
+- :mod:`~fleetcron.scheduling.definitions` — which definition of a job governs when
+  replicas disagree (the stored one), and the conflicts this replica knows of.
 """

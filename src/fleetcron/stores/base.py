@@ -140,7 +140,10 @@ class Operations(Protocol):
         self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
     ) -> Operation[list[ClaimResult]]:
         """Claim slots in one round trip; returns one answer per claim, in input order:
-        the claimed attempt, or why the slot was not claimed."""
+        the claimed attempt, or why the slot was not claimed. A claim made for another
+        definition of the job than the registered one is refused, writing nothing
+        (:func:`conflict_answer`): a replica whose definition was superseded runs none
+        of the job's slots."""
         ...
 
     def run_extend(
@@ -289,6 +292,18 @@ def acquired_record(
         expires_us=now + ttl_us,
         min_until_us=now + least_us,
         now_us=now,
+    )
+
+
+def conflict_answer(claim: SlotClaim, job: JobRecord | None, now: int) -> ClaimResult | None:
+    """The ``conflict`` answer to ``claim`` when the job's registered definition (``job``,
+    its row) is another than the claimer's, else ``None``. The rule comes after
+    ``not_due`` and before every other one: a conflicting claim writes nothing."""
+    stored = job.fingerprint if job is not None else None
+    if claim.slot_us > now or not claim.conflicts_with(stored):
+        return None
+    return ClaimResult(
+        job=claim.job, slot_us=claim.slot_us, status="conflict", stored_fingerprint=stored
     )
 
 

@@ -22,7 +22,14 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import Capability, Operation, Statement, acquired_record, drive
+from fleetcron.stores.base import (
+    Capability,
+    Operation,
+    Statement,
+    acquired_record,
+    conflict_answer,
+    drive,
+)
 from fleetcron.stores.ledger import (
     decide_claim,
     decide_extend,
@@ -159,6 +166,11 @@ class _MemoryLedger:
             answers = []
             for claim in claims:
                 lease_key = (namespace, job_lease_name(claim.job))
+                job = state.jobs.get((namespace, claim.job))
+                conflict = conflict_answer(claim, job, now)
+                if conflict is not None:
+                    answers.append(conflict)
+                    continue
                 decision = decide_claim(
                     namespace=namespace,
                     claim=claim,
@@ -167,7 +179,7 @@ class _MemoryLedger:
                     now=now,
                     run=state.runs.get((namespace, claim.job, claim.slot_us)),
                     lease=state.leases.get(lease_key),
-                    job=state.jobs.get((namespace, claim.job)),
+                    job=job,
                 )
                 if decision.closed is not None:
                     state.runs[(namespace, claim.job, claim.slot_us)] = decision.closed

@@ -210,6 +210,7 @@ class _RedisLedger:
                     LOST_ERROR,
                     MISSED_ERROR,
                     *(arg for i in group for arg in _claim_args(claims[i])),
+                    *_claim_fingerprints([claims[i] for i in group]),
                 ),
             )
             for group in groups
@@ -221,14 +222,23 @@ class _RedisLedger:
         answers = []
         for i, claim in enumerate(claims):
             reply = by_index[i]
-            # A refusal is its reason as a status string; a claim, the run row (a list).
+            # A refusal is its reason as a status string (a conflict's is followed by the
+            # registered fingerprint: 'conflict:<fingerprint>'); a claim, the run row (a list).
+            run: RunRecord | None = None
+            stored: str | None = None
             if isinstance(reply, bytes | str):
-                run: RunRecord | None = None
-                status = _text(reply)
+                status, _, fingerprint = _text(reply).partition(":")
+                stored = fingerprint if status == "conflict" else None
             else:
                 run, status = _run(namespace, reply), "claimed"
             answers.append(
-                ClaimResult(job=claim.job, slot_us=claim.slot_us, status=status, run=run)
+                ClaimResult(
+                    job=claim.job,
+                    slot_us=claim.slot_us,
+                    status=status,
+                    run=run,
+                    stored_fingerprint=stored,
+                )
             )
         return answers
 
@@ -400,3 +410,11 @@ def _claim_args(claim: SlotClaim) -> tuple[ScriptArg, ...]:
         1 if claim.moves_progress else 0,
         1 if claim.pausable else 0,
     )
+
+
+def _claim_fingerprints(claims: Sequence[SlotClaim]) -> tuple[ScriptArg, ...]:
+    """The claimers' fingerprints, one per claim after every claim's arguments — only when
+    a claim carries one (``fleetcron exec`` claims never do)."""
+    if all(claim.fingerprint is None for claim in claims):
+        return ()
+    return tuple(_opt(claim.fingerprint) for claim in claims)

@@ -126,18 +126,27 @@ return false
 -- ARGV: holder, ttl_us, namespace, lost error, missed error, then 11 per claim: slot_us,
 --       run_id, exclusive (1/0), max_attempts, trigger, least_us, job, lease name,
 --       deadline_us? (optional: '' is none), progress (1/0: claiming or missing the slot
---       moves the high-water mark), pausable (1/0: a paused job refuses the claim)
+--       moves the high-water mark), pausable (1/0: a paused job refuses the claim); then,
+--       when any claim of the call carries one, a fingerprint? per claim (the claimer's
+--       definition of the job; '' or absent: no check)
 -- returns one reply per claim, in order: the claimed run row (see run_row), or why the
--- slot was not claimed: 'not_due', 'paused', 'taken', 'missed' or 'busy'. Every claim is
--- decided at the same TIME, in order, each one seeing the writes of those before it.
+-- slot was not claimed: 'not_due', 'conflict:<registered fingerprint>' (the claim was made
+-- for another definition than the registered one: nothing is written), 'paused', 'taken',
+-- 'missed' or 'busy'. Every claim is decided at the same TIME, in order, each one seeing
+-- the writes of those before it.
 local holder, ttl, namespace, lost_error = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local missed_error = ARGV[5]
 local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, exclusive,
                      max_attempts, trigger, least, job, lease_name, deadline_arg, progress,
-                     pausable)
+                     pausable, fingerprint_arg)
   local slot = tonumber(slot_arg)
   if slot > now then return 'not_due' end
-  if pausable == '1' and redis.call('HGET', job_key, 'paused') == '1' then
+  local row = redis.call('HMGET', job_key, 'paused', 'fingerprint')
+  local mine = opt(fingerprint_arg)
+  if mine and row[2] and row[2] ~= '' and row[2] ~= mine then
+    return 'conflict:' .. row[2]
+  end
+  if pausable == '1' and row[1] == '1' then
     return 'paused'
   end
   local attempt, note = 1, nil
@@ -196,12 +205,13 @@ local function claim(lease_key, job_key, run_key, slots_key, slot_arg, run_id, e
   return run_row(run_key)
 end
 local replies = {}
-for i = 1, #KEYS / 4 do
+local count = #KEYS / 4
+for i = 1, count do
   local k, a = (i - 1) * 4, 5 + (i - 1) * 11
   replies[i] = claim(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
                      ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
                      ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9],
-                     ARGV[a + 10], ARGV[a + 11])
+                     ARGV[a + 10], ARGV[a + 11], ARGV[5 + count * 11 + i] or '')
 end
 return replies
 

@@ -132,6 +132,7 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
         "holder": holder,
         "ttl_us": ttl_us,
         "deadline_us": claim.deadline_us,
+        "fingerprint": claim.fingerprint,
         "lost_error": LOST_ERROR,
         "missed_error": MISSED_ERROR,
         "output_limit": OUTPUT_LIMIT,
@@ -158,13 +159,21 @@ class SqlLedger:
         batch = tuple(claim_params(namespace, claim, holder, ttl_us) for claim in claims)
         results: list[SqlResult] = yield QueryBatch("run_claim", batch)
         answers: list[ClaimResult] = []
-        # Each claim answers exactly one row: (status, run columns… or NULLs).
+        # Each claim answers exactly one row: (status, 17 run columns… or NULLs, the
+        # registered fingerprint when the status is conflict).
         for claim, result in zip(claims, results, strict=True):
             (row,) = result.rows
             status = _decode(row[0])
             run = rows_to_runs(namespace, [row[1:]])[0] if status == "claimed" else None
+            stored = _decode(row[18]) if status == "conflict" else None
             answers.append(
-                ClaimResult(job=claim.job, slot_us=claim.slot_us, status=status, run=run)
+                ClaimResult(
+                    job=claim.job,
+                    slot_us=claim.slot_us,
+                    status=status,
+                    run=run,
+                    stored_fingerprint=stored,
+                )
             )
         return answers
 

@@ -19,6 +19,7 @@ from fleetcron.models import (
 from fleetcron.stores.base import (
     Operation,
     SqlResult,
+    conflict_answer,
     rows_to_jobs,
     rows_to_records,
     rows_to_runs,
@@ -98,9 +99,13 @@ class SqliteOperations(SqlOperations, SqlLedger):
         answers = []
         for claim in claims:
             lease_name = job_lease_name(claim.job)
+            job = yield from self._job(namespace, claim.job, now)
+            conflict = conflict_answer(claim, job, now)
+            if conflict is not None:
+                answers.append(conflict)
+                continue
             run = yield from self._run(namespace, claim.job, claim.slot_us, now)
             lease = yield from self._lease(namespace, lease_name, now)
-            job = yield from self._job(namespace, claim.job, now)
             decision = decide_claim(
                 namespace=namespace,
                 claim=claim,

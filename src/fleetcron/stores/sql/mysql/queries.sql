@@ -132,19 +132,24 @@ SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
 START TRANSACTION;
 SET @fc_t = COALESCE(@fc_batch_t, UTC_TIMESTAMP(6));
 SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', @fc_t);
-SET @fc_paused = NULL, @fc_pre = NULL, @fc_lfence = NULL, @fc_lheld = NULL,
-    @fc_state = NULL, @fc_attempt = NULL, @fc_rexp = NULL, @fc_retry = NULL;
+SET @fc_paused = NULL, @fc_stored = NULL, @fc_pre = NULL, @fc_lfence = NULL,
+    @fc_lheld = NULL, @fc_state = NULL, @fc_attempt = NULL, @fc_rexp = NULL,
+    @fc_retry = NULL;
 -- 1. A slot the store's clock has not reached: nothing is read, locked or written.
 SET @fc_go = IF(%(slot_us)s <= @fc_now, 1, 0);
--- The job row, made if missing, is locked first (2. a paused job's schedule).
+-- The job row, made if missing, is locked first: a claim made for another definition than
+-- the registered one is refused and writes nothing else (conflict), then 2. a paused
+-- job's schedule.
 INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, updated_us)
 SELECT %(namespace)s, %(job)s, FALSE, '{}', '', @fc_now FROM DUAL WHERE @fc_go = 1
 ON DUPLICATE KEY UPDATE updated_us = updated_us;
-SELECT paused INTO @fc_paused FROM fleetcron_job
+SELECT paused, fingerprint INTO @fc_paused, @fc_stored FROM fleetcron_job
  WHERE namespace = %(namespace)s AND job = %(job)s AND @fc_go = 1
    FOR UPDATE;
-SET @fc_go = IF(@fc_go = 1 AND NOT (COALESCE(@fc_paused, 0) = 1 AND %(pausable)s = 1),
-                1, 0);
+SET @fc_conflict = IF(@fc_go = 1 AND %(fingerprint)s IS NOT NULL
+                      AND @fc_stored <> '' AND @fc_stored <> %(fingerprint)s, 1, 0);
+SET @fc_go = IF(@fc_go = 1 AND @fc_conflict = 0
+                AND NOT (COALESCE(@fc_paused, 0) = 1 AND %(pausable)s = 1), 1, 0);
 -- A final row other than failed never changes again: refuse before touching the lease.
 SELECT state INTO @fc_pre FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s AND @fc_go = 1;
@@ -181,6 +186,7 @@ SET @fc_ok = IF(@fc_can = 1 AND NOT (%(exclusive)s AND @fc_lheld = 1), 1, 0);
 -- The answer (fleetcron.models.CLAIM_STATUSES): the first rule that refused, or claimed.
 SET @fc_why = CASE
     WHEN %(slot_us)s > @fc_now THEN 'not_due'
+    WHEN @fc_conflict = 1 THEN 'conflict'
     WHEN COALESCE(@fc_paused, 0) = 1 AND %(pausable)s = 1 THEN 'paused'
     WHEN @fc_miss = 1 THEN 'missed'
     WHEN @fc_ok = 1 THEN 'claimed'
@@ -235,10 +241,12 @@ UPDATE fleetcron_job
    SET high_water_us = GREATEST(COALESCE(high_water_us, %(slot_us)s), %(slot_us)s)
  WHERE namespace = %(namespace)s AND job = %(job)s AND (@fc_ok = 1 OR @fc_miss = 1)
    AND %(progress)s = 1;
--- Exactly one row: the answer, then the claimed run's columns (NULL when not claimed).
+-- Exactly one row: the answer, then the claimed run's columns (NULL when not claimed),
+-- then the registered fingerprint of a conflict.
 SELECT @fc_why, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id,
        r.`trigger`, r.started_us, r.finished_us, r.expires_us, r.retry_at_us,
-       r.cancel_requested, r.exit_code, r.error, r.output, @fc_now
+       r.cancel_requested, r.exit_code, r.error, r.output, @fc_now,
+       IF(@fc_conflict = 1, @fc_stored, NULL)
   FROM (SELECT 1 AS one) AS answer
   LEFT JOIN fleetcron_run AS r
     ON r.namespace = %(namespace)s AND r.job = %(job)s AND r.slot_us = %(slot_us)s
