@@ -2,34 +2,28 @@
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Mapping
+
+from fleetcron.scrub import credentials
 
 __all__ = ["SECRET_VARS", "child_environment"]
 
-SECRET_VARS = ("FLEETCRON_BACKEND", "PGPASSWORD", "MYSQL_PWD", "REDISCLI_AUTH")
+SECRET_VARS = (
+    "FLEETCRON_BACKEND",
+    "FLEETCRON_BACKEND_FILE",
+    "PGPASSWORD",
+    "MYSQL_PWD",
+    "REDISCLI_AUTH",
+)
 
 
 def child_environment(
     base: Mapping[str, str], backend_url: str | None, extra: Mapping[str, str]
 ) -> dict[str, str]:
-    """The command's environment: ``base`` less the store's credentials, plus ``extra``."""
-    secrets: list[str] = []
-    if backend_url:
-        secrets.append(backend_url)
-        try:
-            parts = urllib.parse.urlsplit(backend_url)
-            passwords = [parts.password or ""]
-        except ValueError:
-            parts, passwords = None, []
-        if parts is not None:  # also ?password=… (libpq and others accept it)
-            passwords += [
-                value
-                for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-                if "password" in key.lower()
-            ]
-        for password in filter(None, passwords):
-            secrets.extend({password, urllib.parse.unquote(password)})
+    """The command's environment: ``base`` less the store's credentials, plus ``extra``:
+    :data:`SECRET_VARS` and every variable whose value holds the backend URL or one of
+    its passwords (userinfo or ``?password=``, as written or percent-decoded)."""
+    secrets = [backend_url, *credentials(backend_url)] if backend_url else []
     env = {
         key: value
         for key, value in base.items()

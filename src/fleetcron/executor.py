@@ -23,7 +23,7 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from fleetcron._log import log
@@ -34,6 +34,7 @@ from fleetcron.isolated import PAYLOAD_ENV, child_command, child_payload
 from fleetcron.jobspec import CallTarget, CommandTarget, JobSpec
 from fleetcron.keepalive import stop_points
 from fleetcron.models import RunOutcome, micros_to_datetime
+from fleetcron.scrub import Scrubber, ScrubbingStream
 from fleetcron.stores.ledger import OUTPUT_LIMIT
 
 __all__ = ["Cancellation", "Execution", "StopPolicy", "execute"]
@@ -100,19 +101,30 @@ async def execute(
     backend_url: str | None,
     echo: bool = True,
 ) -> Execution:
-    """Run ``spec``'s target once and report how it ended."""
+    """Run ``spec``'s target once and report how it ended. The store's password is
+    masked in everything the run printed or raised (:mod:`fleetcron.scrub`)."""
     target = spec.target
+    scrubber = Scrubber(backend_url)
     if isinstance(target, CommandTarget):
         outcome = await _run_process(
-            list(target.argv), ctx, cancellation, stop, backend_url, echo, isolated=None
+            list(target.argv), ctx, cancellation, stop, backend_url, echo, scrubber, isolated=None
         )
-        return Execution(outcome)
+        return _scrubbed(Execution(outcome), scrubber)
     if spec.isolate == "process":
         outcome = await _run_process(
-            child_command(), ctx, cancellation, stop, backend_url, echo, isolated=target
+            child_command(), ctx, cancellation, stop, backend_url, echo, scrubber, isolated=target
         )
-        return Execution(outcome)
-    return await _run_call(target, ctx, cancellation, stop)
+        return _scrubbed(Execution(outcome), scrubber)
+    return _scrubbed(await _run_call(target, ctx, cancellation, stop), scrubber)
+
+
+def _scrubbed(execution: Execution, scrubber: Scrubber) -> Execution:
+    """``execution`` with the store's secrets masked in its error and output, then its
+    error bounded (in that order: a cut must not leave part of a secret behind)."""
+    outcome = scrubber.outcome(execution.outcome)
+    if outcome.error is not None and len(outcome.error) > OUTPUT_LIMIT:
+        outcome = replace(outcome, error=outcome.error[:OUTPUT_LIMIT])
+    return replace(execution, outcome=outcome)
 
 
 def _environment(ctx: RunContext, backend_url: str | None) -> dict[str, str]:
@@ -141,6 +153,7 @@ async def _run_process(
     stop: StopPolicy,
     backend_url: str | None,
     echo: bool,
+    scrubber: Scrubber,
     *,
     isolated: CallTarget | None,
 ) -> RunOutcome:
@@ -171,7 +184,7 @@ async def _run_process(
     finally:
         if result_write >= 0:
             os.close(result_write)
-    tail = _OutputTail(ctx.job, echo)
+    tail = _OutputTail(ctx.job, echo, scrubber)
     reader = asyncio.create_task(tail.pump(process))
     try:
         await _supervise(process, cancellation, stop)
@@ -187,7 +200,7 @@ async def _run_process(
             ctx.job,
             extra={"action": "output_truncated", "job": ctx.job},
         )
-    summary = _read_summary(result_read) if isolated is not None else None
+    summary = _read_summary(result_read, scrubber) if isolated is not None else None
     returncode = process.returncode if process.returncode is not None else -signal.SIGKILL
     status = 128 - returncode if returncode < 0 else returncode
     output = tail.text()
@@ -241,36 +254,47 @@ async def _supervise(
 
 class _OutputTail:
     """Reads a process's output in fixed-size chunks (a line longer than a stream buffer
-    would stall a line reader, then the pipe, then the command), keeps its last 4 KiB and
-    echoes it line by line with the job's name."""
+    would stall a line reader, then the pipe, then the command), masks the store's
+    secrets in it as it comes (before any cut: a secret split by the 4 KiB bound or by a
+    read is masked whole), keeps its last 4 KiB and echoes it line by line with the job's
+    name."""
 
-    def __init__(self, job: str, echo: bool) -> None:
+    def __init__(self, job: str, echo: bool, scrubber: Scrubber) -> None:
         self.job = job
         self.echo = echo
         self.chunks: deque[str] = deque()
         self.size = 0
+        self._scrubbing = ScrubbingStream(scrubber)
 
     async def pump(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         pending = ""  # the echo's unfinished line
-        while True:
-            raw = await process.stdout.read(_READ_SIZE)
-            text = decoder.decode(raw, final=not raw)
-            if self.echo:
-                pending += text
-                *lines, pending = pending.split("\n")
-                if not raw and pending:
-                    lines, pending = [*lines, pending], ""
-                for line in lines:
-                    print(f"[{self.job}] {line}", flush=True)  # noqa: T201
-            if text:
-                self.chunks.append(text)
-                self.size += len(text)
-                while self.size - len(self.chunks[0]) >= OUTPUT_LIMIT:
-                    self.size -= len(self.chunks.popleft())
-            if not raw:
-                return
+        try:
+            while True:
+                raw = await process.stdout.read(_READ_SIZE)
+                text = self._scrubbing.feed(decoder.decode(raw, final=not raw))
+                if not raw:
+                    text += self._scrubbing.close()
+                if self.echo:
+                    pending += text
+                    *lines, pending = pending.split("\n")
+                    if not raw and pending:
+                        lines, pending = [*lines, pending], ""
+                    for line in lines:
+                        print(f"[{self.job}] {line}", flush=True)  # noqa: T201
+                self._keep(text)
+                if not raw:
+                    return
+        finally:  # no longer read (or done: then nothing is held back)
+            self._keep(self._scrubbing.close(cut=True))
+
+    def _keep(self, text: str) -> None:
+        if text:
+            self.chunks.append(text)
+            self.size += len(text)
+            while self.size - len(self.chunks[0]) >= OUTPUT_LIMIT:
+                self.size -= len(self.chunks.popleft())
 
     def text(self) -> str | None:
         return "".join(self.chunks)[-OUTPUT_LIMIT:] or None
@@ -283,16 +307,21 @@ def _close(*fds: int) -> None:
                 os.close(fd)
 
 
-def _read_summary(fd: int) -> str | None:
-    """The one-line summary an isolated child wrote before it exited, if any."""
+def _read_summary(fd: int, scrubber: Scrubber) -> str | None:
+    """The one-line summary an isolated child wrote before it exited, if any, with the
+    store's secrets masked. The child cuts it at 4 KiB: a summary that long may end with
+    the start of a password, masked too."""
     try:
         data = os.read(fd, _RESULT_LIMIT)
     except (BlockingIOError, OSError):
         data = b""
     finally:
         _close(fd)
-    text = data.decode("utf-8", "replace").strip()
-    return text or None
+    cut = len(data) >= _RESULT_LIMIT
+    # Not final when cut: a character split by the cut is dropped, not replaced by U+FFFD
+    # (which would hide a partial password from the scrubber).
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=not cut)
+    return scrubber.scrub(text, cut=cut).strip() or None
 
 
 def _killpg(pid: int, sig: signal.Signals) -> None:
@@ -406,7 +435,6 @@ async def _run_call(
     if work.cancelled():
         return Execution(RunOutcome(state="cancelled", error="cancelled"))
     error = work.exception()
-    if error is not None:
-        text = f"{type(error).__name__}: {error}"[:OUTPUT_LIMIT]
-        return Execution(RunOutcome(state="failed", error=text))
+    if error is not None:  # bounded by execute(), once scrubbed
+        return Execution(RunOutcome(state="failed", error=f"{type(error).__name__}: {error}"))
     return Execution(RunOutcome(state="succeeded"))

@@ -34,6 +34,7 @@ from fleetcron.keepalive import effective_grace_us, stop_points
 from fleetcron.lease import Lease, new_holder
 from fleetcron.models import RunOutcome, SlotClaim, micros_to_datetime
 from fleetcron.schedules import Schedule
+from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import SlotLease
 from fleetcron.stores.base import SyncStore
 from fleetcron.terms import lease_terms
@@ -465,8 +466,11 @@ def run_exec_schedule(
                 extra={"action": "run_finish_retrying", "job": options.name},
             )
 
+        # The command's output is passed through, not stored; what is stored is scrubbed
+        # all the same (fleetcron.scrub), as the daemon's outcomes are.
+        outcome = Scrubber(backend_url).outcome(_slot_outcome(status, lease.cancel_requested))
         try:
-            lease.finish(_slot_outcome(status, lease.cancel_requested), on_retry=retrying)
+            lease.finish(outcome, on_retry=retrying)
         except Exception as error:
             log.warning(
                 "%s: could not record the outcome before the lease ended: %s (the ledger "

@@ -35,7 +35,7 @@ from fleetcron.errors import (
 from fleetcron.fleet import Fleet
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
-from fleetcron.stores import open_store, resolve_backend
+from fleetcron.stores import open_store, read_backend_file, resolve_backend
 from fleetcron.terms import DEFAULT_LOCK_AT_MOST, resolve_namespace
 
 __all__ = ["main"]
@@ -87,7 +87,16 @@ def _common() -> _Parser:
         "--backend",
         default=argparse.SUPPRESS,
         metavar="URL",
-        help="store URL (default: $FLEETCRON_BACKEND, else SQLite at the XDG state path)",
+        help="store URL (default: --backend-file, $FLEETCRON_BACKEND, $FLEETCRON_BACKEND_FILE, "
+        "the jobs file, else SQLite at the XDG state path); every process on the host can "
+        "read a password given here",
+    )
+    common.add_argument(
+        "--backend-file",
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="read the store URL from the first line of PATH (keeps its password off the "
+        "command line; chmod 600 it)",
     )
     common.add_argument(
         "--namespace",
@@ -231,7 +240,16 @@ def _print_locks(records: list[LeaseRecord], as_json: bool) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())  # noqa: T201
 
 
+def _backend_file(args: argparse.Namespace) -> None:
+    """``--backend-file``: its URL stands in for ``--backend``, which wins over it; it
+    wins over ``$FLEETCRON_BACKEND`` and the rest (see resolve_backend)."""
+    path: str | None = getattr(args, "backend_file", None)
+    if path is not None and getattr(args, "backend", None) is None:
+        args.backend = read_backend_file(path, source="--backend-file")
+
+
 def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    _backend_file(args)
     if args.command == "exec":
         from fleetcron.cli.exec import exec_options, run_exec, run_exec_schedule
         from fleetcron.schedules import CronSchedule

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import os
+import stat
+import sys
+from collections.abc import Sequence
 
+from fleetcron._log import log
 from fleetcron.errors import ConfigurationError
 from fleetcron.stores.base import AsyncStore, Capability, SyncStore
-from fleetcron.stores.url import StoreURL, default_sqlite_path, parse_store_url
+from fleetcron.stores.url import StoreURL, default_sqlite_path, parse_store_url, url_passwords
 
 __all__ = [
     "AsyncStore",
@@ -17,19 +21,114 @@ __all__ = [
     "open_async_store",
     "open_store",
     "parse_store_url",
+    "read_backend_file",
     "resolve_backend",
 ]
 
 BACKEND_ENV = "FLEETCRON_BACKEND"
+BACKEND_FILE_ENV = "FLEETCRON_BACKEND_FILE"
+BACKEND_FILE_LIMIT = 65_536  # bytes: a backend file holds one URL
 
 
 def resolve_backend(explicit: str | None = None, configured: str | None = None) -> StoreURL:
-    """Pick the backend URL: explicit > ``$FLEETCRON_BACKEND`` > jobs file > SQLite default."""
-    for candidate in (explicit, os.environ.get(BACKEND_ENV) or None, configured):
+    """Pick the backend URL: explicit > ``$FLEETCRON_BACKEND`` > the file named by
+    ``$FLEETCRON_BACKEND_FILE`` > jobs file > SQLite default. (The CLI's ``--backend-file``
+    comes in as ``explicit``, below ``--backend``.)"""
+    for candidate in (explicit, os.environ.get(BACKEND_ENV) or None):
         if candidate is not None:
             return parse_store_url(candidate)
+    backend_file = os.environ.get(BACKEND_FILE_ENV)
+    if backend_file:
+        return parse_store_url(read_backend_file(backend_file, source=f"${BACKEND_FILE_ENV}"))
+    if configured is not None:
+        return parse_store_url(configured)
     path = default_sqlite_path()
     return StoreURL(raw=f"sqlite://{path}", kind="sqlite", redacted=f"sqlite://{path}", path=path)
+
+
+_FILE_TYPES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO or pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_backend_file(path: str, *, source: str) -> str:
+    """The backend URL in the file at ``path``: its first line, whitespace stripped.
+
+    ``source`` (``--backend-file``, ``$FLEETCRON_BACKEND_FILE``) is named in the errors.
+    Refused with a :class:`ConfigurationError` naming the path: a file that does not
+    exist or cannot be read, anything but a regular file (a FIFO is never waited on),
+    more than 64 KiB, an empty first line, a first line that is not a valid backend URL
+    (never echoed when it has no scheme: it may be a bare password). A file other users
+    can read is used, with a warning (``store_warning``).
+    """
+    where = f"backend file {path!r} (from {source})"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigurationError(f"{where} does not exist") from None
+    except OSError as exc:
+        raise ConfigurationError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        regular = stat.S_ISREG(mode)
+        data = b""
+        if regular:  # only: a FIFO would block, a device might never end
+            with os.fdopen(fd, "rb", closefd=False) as file:
+                data = file.read(BACKEND_FILE_LIMIT + 1)
+    except OSError as exc:
+        raise ConfigurationError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if not regular:
+        kind = next((name for test, name in _FILE_TYPES if test(mode)), "not a file")
+        raise ConfigurationError(f"{where} is not a regular file: it is {kind}")
+    if len(data) > BACKEND_FILE_LIMIT:
+        raise ConfigurationError(f"{where} is larger than 64 KiB; it holds one backend URL")
+    try:
+        text = data.decode("utf-8-sig")  # an editor's byte order mark is not the URL's
+    except UnicodeDecodeError:
+        raise ConfigurationError(f"{where} is not UTF-8 text") from None
+    if not text.strip():
+        raise ConfigurationError(f"{where} is empty; write the backend URL on its first line")
+    url = text.splitlines()[0].strip()
+    if not url:
+        raise ConfigurationError(f"{where}: the first line is empty; the URL goes there")
+    if "://" not in url:
+        raise ConfigurationError(
+            f"{where}: the first line is not a backend URL (scheme://…); the file holds "
+            "the whole URL, password included, e.g. postgresql://app:PASSWORD@db/app"
+        )
+    try:
+        parse_store_url(url)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}: {exc.message}") from None
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning(
+            "%s can be read by other users (mode %04o): chmod go-r it",
+            where,
+            stat.S_IMODE(mode),
+            extra={"action": "store_warning", "path": path},
+        )
+    return url
+
+
+def _warn_if_on_command_line(url: StoreURL, argv: Sequence[str] | None = None) -> None:
+    """A URL holding a password that stands in this process's command line can be read by
+    every process on the host (``ps``, ``/proc/PID/cmdline``): say so, once the store
+    answered (a URL refused or a store unreachable gets its one error line only)."""
+    arguments = sys.argv if argv is None else argv
+    if url_passwords(url.raw) and any(url.raw in argument for argument in arguments):
+        log.warning(
+            "the backend URL %s holds a password and is on the command line, where every "
+            "process on this host can read it (ps, /proc/PID/cmdline); pass it in "
+            "$FLEETCRON_BACKEND or in a file named by --backend-file instead",
+            url.redacted,
+            extra={"action": "store_warning", "store": url.redacted},
+        )
 
 
 def _missing_driver(kind: str, extra: str, exc: ImportError) -> ConfigurationError:
@@ -50,20 +149,24 @@ def open_store(url: StoreURL, *, auto_migrate: bool = True) -> SyncStore:
         assert url.path is not None
         default = url.path == default_sqlite_path()
         return SqliteStore(url, auto_migrate=auto_migrate, create_parent=default)
+    store: SyncStore
     try:
         if url.kind == "postgres":
             from fleetcron.stores.sql.postgres import PostgresStore
 
-            return PostgresStore(url, auto_migrate=auto_migrate)
-        if url.kind == "mysql":
+            store = PostgresStore(url, auto_migrate=auto_migrate)
+        elif url.kind == "mysql":
             from fleetcron.stores.sql.mysql import MysqlStore
 
-            return MysqlStore(url, auto_migrate=auto_migrate)
-        from fleetcron.stores.redis.store import RedisStore
+            store = MysqlStore(url, auto_migrate=auto_migrate)
+        else:
+            from fleetcron.stores.redis.store import RedisStore
 
-        return RedisStore(url)
+            store = RedisStore(url)
     except ImportError as exc:
         raise _missing_driver(url.kind, url.kind, exc) from None
+    _warn_if_on_command_line(url)
+    return store
 
 
 async def open_async_store(url: StoreURL) -> AsyncStore:
@@ -73,27 +176,31 @@ async def open_async_store(url: StoreURL) -> AsyncStore:
 
     from fleetcron.stores.threaded import ThreadedAsyncStore
 
+    store: AsyncStore | None = None
     try:
         if url.kind == "postgres":
             from fleetcron.stores.sql.postgres import AsyncPostgresStore
 
             pg = AsyncPostgresStore(url)
             await pg.open()
-            return pg
-        if url.kind == "mysql":
+            store = pg
+        elif url.kind == "mysql":
             from fleetcron.stores.sql.mysql_async import AsyncMysqlStore
 
             my = AsyncMysqlStore(url)
             await my.open()
-            return my
-        if url.kind == "redis":
+            store = my
+        elif url.kind == "redis":
             from fleetcron.stores.redis.store import AsyncRedisStore
 
             rd = AsyncRedisStore(url)
             await rd.open()
-            return rd
+            store = rd
     except ImportError as exc:
         raise _missing_driver(url.kind, url.kind, exc) from None
+    if store is not None:
+        _warn_if_on_command_line(url)
+        return store
     if url.kind == "memory":
         from fleetcron.stores.memory import AsyncMemoryStore
 

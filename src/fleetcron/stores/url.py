@@ -18,6 +18,7 @@ __all__ = [
     "default_sqlite_path",
     "parse_store_url",
     "redact",
+    "url_passwords",
 ]
 
 SCHEMES = {
@@ -111,6 +112,27 @@ def redact(url: str) -> str:
             parts.fragment,
         )
     )
+
+
+def url_passwords(url: str) -> list[str]:
+    """The passwords ``url`` carries, as written: its userinfo password and each
+    ``password=`` query value (found as :func:`redact` finds them). A file or memory URL
+    carries none."""
+    scheme = url.partition("://")[0].lower()
+    if SCHEMES.get(scheme) in ("memory", "sqlite"):
+        return []
+    found: list[str] = []
+    split = _split_userinfo(url)
+    if split is not None:
+        _user, sep, password = split[1].partition(":")
+        if sep and password:
+            found.append(password)
+    query = (url if split is None else split[2]).partition("?")[2].partition("#")[0]
+    for pair in query.split("&"):
+        key, sep, value = pair.partition("=")
+        if sep and value and "password" in urllib.parse.unquote_plus(key).lower():
+            found.append(value)
+    return found
 
 
 def _check_userinfo(url: str, redacted: str) -> None:
