@@ -21,7 +21,7 @@ from fleetcron.errors import (
 )
 from fleetcron.fleet import AsyncFleet, Fleet
 from fleetcron.lease import AsyncLease, Lease
-from fleetcron.models import LeaseRecord, RunRecord
+from fleetcron.models import DefinitionConflict, LeaseRecord, RunRecord
 from fleetcron.scheduler import AsyncScheduler
 from fleetcron.sync import Scheduler
 
@@ -31,6 +31,7 @@ __all__ = [
     "AsyncScheduler",
     "Clock",
     "ConfigurationError",
+    "DefinitionConflict",
     "Fleet",
     "FleetcronError",
     "Lease",

@@ -31,6 +31,7 @@ from fleetcron.jobspec import JobSpec
 from fleetcron.keepalive import backoff_s
 from fleetcron.lease import new_holder
 from fleetcron.models import ClaimResult, DefinitionConflict, JobRecord, RunRecord, SlotClaim
+from fleetcron.schedules import AtSchedule, to_datetime
 from fleetcron.scheduling.definitions import Definitions
 from fleetcron.scheduling.leadership import LEADER_LEASE, Elector
 from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT as _MISSED_RECORD_LIMIT
@@ -226,6 +227,21 @@ class AsyncScheduler:
         # A job new to the fleet starts now; a known one resumes after its last slot,
         # so slots missed while every replica was down meet the catch-up policy.
         cursor = high_water if high_water is not None else store_now
+        if (
+            isinstance(spec.schedule, AtSchedule)
+            and high_water is None
+            and spec.schedule.moment_us <= store_now
+        ):
+            # Said, not silently dropped: the job's one slot passed before any replica
+            # planned it, and a job new to the fleet starts now.
+            log.warning(
+                "%s: its one time (at = %s) had passed when it was first scheduled (store "
+                "time %s); it will not run — set a future time, or trigger it by hand",
+                spec.name,
+                to_datetime(spec.schedule.moment_us).isoformat(),
+                to_datetime(store_now).isoformat(),
+                extra={"action": "job_at_in_past", "job": spec.name},
+            )
         self._jobs[spec.name] = PlannedJob(spec=spec, cursor_us=cursor)
         self._due.push(self._jobs[spec.name])
 

@@ -681,3 +681,25 @@ async def test_an_outcome_not_recorded_before_its_lease_ends_is_recovered_by_the
     actions = _actions(caplog)
     assert actions.count("run_finish_retrying") == 1
     assert actions.count("run_finish_failed") == 1
+
+
+async def test_a_one_time_job_whose_moment_passed_before_it_was_scheduled_is_said_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    past = spec("once-past", lambda ctx: None, every=None, at="2020-01-01T00:00:00+00:00")
+    future = spec("once-future", lambda ctx: None, every=None, at="2999-01-01T00:00:00+00:00")
+    options = SchedulerOptions(namespace=NS, shutdown_grace_s=0.5, kill_grace_s=0.2)
+    scheduler = AsyncScheduler(AsyncMemoryStore(store), [past, future], options)
+    with caplog.at_level(logging.WARNING, logger="fleetcron"):
+        task = asyncio.create_task(scheduler.run())
+        try:
+            await asyncio.wait_for(scheduler.signals.started.wait(), 10)
+        finally:
+            scheduler.stop()
+            await task
+
+    said = [r for r in caplog.records if getattr(r, "action", None) == "job_at_in_past"]
+    assert [getattr(r, "job", None) for r in said] == ["once-past"]
+    assert "2020-01-01T00:00:00+00:00" in said[0].getMessage()
+    assert ledger(store, "once-past") == []

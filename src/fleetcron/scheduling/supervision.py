@@ -25,6 +25,7 @@ from fleetcron.keepalive import effective_grace_us
 from fleetcron.lease import LeaseTerms
 from fleetcron.models import RunOutcome, RunRecord
 from fleetcron.scheduling.recovery import Recovery
+from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import AsyncSlotLease
 from fleetcron.stores.base import AsyncStore
 
@@ -165,7 +166,8 @@ class Supervisor:
             if execution.abandoned is not None:
                 self._abandon(spec.name, execution.abandoned)
         except Exception as exc:  # the executor itself failed: still record it
-            outcome = RunOutcome(state="failed", error=f"{type(exc).__name__}: {exc}")
+            error = Scrubber(self.options.backend_url).scrub(f"{type(exc).__name__}: {exc}")
+            outcome = RunOutcome(state="failed", error=error)
         except BaseException:
             # Cancelled (the replica's shutdown) before an outcome: the lease must not go on
             # renewing a run that no longer exists; it expires and the ledger recovers it.

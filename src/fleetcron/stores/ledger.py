@@ -106,6 +106,9 @@ def decide_claim(
     """Apply the claim rules to the current rows of one slot.
 
     1. A slot the store's clock has not reached is never claimed.
+    1b. (Checked by each store before this function, with the job row it reads: see
+       :func:`fleetcron.stores.base.conflict_answer`.) A claim made for another definition
+       of the job than the registered one answers ``conflict`` and writes nothing.
     2. A paused job is not claimed by its schedule (manual triggers still run).
     3. No row, or a ``queued`` row (a manual trigger or backfill): attempt 1. A ``running``
        row whose lease expired: the holder vanished —
