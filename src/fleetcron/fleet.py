@@ -15,18 +15,22 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
+
+from prometheus_client import make_asgi_app
 
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import DurationLike
 from fleetcron.errors import ConfigurationError, LockBusy
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms, new_holder
-from fleetcron.models import LeaseRecord, RunRecord
+from fleetcron.metrics import Metrics
+from fleetcron.models import REPLICA_RETAIN_US, LeaseRecord, ReplicaRecord, RunRecord
 from fleetcron.names import validate_name
 from fleetcron.portal import Portal
 from fleetcron.registry import JobRegistry
 from fleetcron.scheduler import AsyncScheduler
+from fleetcron.status import FleetStatus, read_status
 from fleetcron.stores import (
     AsyncStore,
     StoreURL,
@@ -99,6 +103,7 @@ class Fleet(JobRegistry):
             self.store = backend
             self._owns_store = False
         JobRegistry.__init__(self)
+        self._metrics: Metrics | None = None
         self._background: Scheduler | None = None
         self._portal: Portal | None = None  # where the keepalives of its leases run
         self._portal_lock = threading.Lock()
@@ -124,7 +129,25 @@ class Fleet(JobRegistry):
             scheduler_options(self.namespace, self._url, mode, concurrency, options),
             clock=self.clock,
             close_store=self._url is not None,
+            metrics=self.metrics,
         )
+
+    @property
+    def metrics(self) -> Metrics:
+        """The Prometheus metrics of this fleet's schedulers (:mod:`fleetcron.metrics`)."""
+        if self._metrics is None:
+            self._metrics = Metrics()
+        return self._metrics
+
+    def metrics_app(self) -> Any:
+        """An ASGI app serving :attr:`metrics` in the Prometheus text format, to mount in
+        a web application (``prometheus_client.make_asgi_app``)."""
+        return make_asgi_app(self.metrics.registry)
+
+    def status(self, jobs: Sequence[str] | None = None) -> FleetStatus:
+        """Every job's health read from the store (:mod:`fleetcron.health`), worst
+        first: what ``fleetcron status`` prints."""
+        return self.store.run(read_status(self.store.ops, self.namespace, jobs))
 
     def run(self, *, mode: str = "claim", concurrency: int = 16) -> None:
         """Run the jobs in this thread until SIGTERM/SIGINT (the blocking daemon)."""
@@ -147,6 +170,15 @@ class Fleet(JobRegistry):
     def runs(self, job: str | None = None, *, limit: int = 50) -> list[RunRecord]:
         """Ledger rows of this namespace (of ``job`` only, when given), newest slot first."""
         return self.store.run(self.store.ops.run_list(self.namespace, job, row_limit(limit)))
+
+    def replicas(self, *, include_gone: bool = False) -> list[ReplicaRecord]:
+        """The scheduler replicas of this namespace that are up — their heartbeat rows have
+        not expired on the store's clock — by replica id. With ``include_gone``, also those
+        that stopped beating without leaving (crashed, hung, cut off from the store) within
+        the last 10 minutes, each with ``gone`` set and ``silent_us`` since its last beat.
+        A replica that stopped cleanly is never listed."""
+        gone_within = REPLICA_RETAIN_US if include_gone else 0
+        return self.store.run(self.store.ops.replica_list(self.namespace, gone_within))
 
     def _terms(
         self, name: str, lock_at_most: DurationLike, lock_at_least: DurationLike, keepalive: bool
@@ -349,6 +381,7 @@ class AsyncFleet(JobRegistry):
                 "use `await AsyncFleet.connect(url)` for a URL"
             )
         JobRegistry.__init__(self)
+        self._metrics: Metrics | None = None
         self.store = store
         self.namespace = resolve_namespace(namespace)
         self.clock = clock
@@ -496,6 +529,11 @@ class AsyncFleet(JobRegistry):
         """Async :meth:`Fleet.runs`."""
         return await self.store.run(self.store.ops.run_list(self.namespace, job, row_limit(limit)))
 
+    async def replicas(self, *, include_gone: bool = False) -> list[ReplicaRecord]:
+        """Async :meth:`Fleet.replicas`."""
+        gone_within = REPLICA_RETAIN_US if include_gone else 0
+        return await self.store.run(self.store.ops.replica_list(self.namespace, gone_within))
+
     # -- the scheduler -------------------------------------------------------------------
     def scheduler(
         self, *, mode: str = "claim", concurrency: int = 16, **options: Any
@@ -509,7 +547,23 @@ class AsyncFleet(JobRegistry):
             self.jobs,
             scheduler_options(self.namespace, self._url, mode, concurrency, options),
             clock=self.clock,
+            metrics=self.metrics,
         )
+
+    @property
+    def metrics(self) -> Metrics:
+        """Async :attr:`Fleet.metrics`."""
+        if self._metrics is None:
+            self._metrics = Metrics()
+        return self._metrics
+
+    def metrics_app(self) -> Any:
+        """Async :meth:`Fleet.metrics_app`."""
+        return make_asgi_app(self.metrics.registry)
+
+    async def status(self, jobs: Sequence[str] | None = None) -> FleetStatus:
+        """Async :meth:`Fleet.status`."""
+        return await self.store.run(read_status(self.store.ops, self.namespace, jobs))
 
     async def run(self, *, mode: str = "claim", concurrency: int = 16) -> None:
         """Run the jobs until the task is cancelled (running jobs get their shutdown

@@ -10,15 +10,19 @@ __all__ = [
     "FINAL_STATES",
     "PAUSABLE_TRIGGERS",
     "PROGRESS_TRIGGERS",
+    "REPLICA_RETAIN_US",
     "RUN_STATES",
     "TRIGGERS",
     "ClaimResult",
     "DefinitionConflict",
     "JobRecord",
     "LeaseRecord",
+    "ReplicaInfo",
+    "ReplicaRecord",
     "RunOutcome",
     "RunRecord",
     "SlotClaim",
+    "display_holder",
     "job_lease_name",
     "micros_to_datetime",
 ]
@@ -64,8 +68,7 @@ class LeaseRecord:
     @property
     def holder_display(self) -> str:
         """``host:pid`` without the secret per-acquisition token."""
-        host, _, rest = self.holder.rpartition(":")
-        return host if host else rest
+        return display_holder(self.holder)
 
 
 RUN_STATES = (
@@ -82,6 +85,13 @@ FINAL_STATES = frozenset(RUN_STATES) - {"queued", "running"}
 TRIGGERS = ("schedule", "manual", "backfill", "exec")
 PROGRESS_TRIGGERS = frozenset({"schedule", "exec"})  # claims that move a job's high-water mark
 PAUSABLE_TRIGGERS = frozenset({"schedule"})  # claims a paused job refuses
+
+
+def display_holder(holder: str) -> str:
+    """A holder as it may be shown: ``host:pid``, without the secret per-acquisition
+    token that follows the last colon."""
+    host, _, rest = holder.rpartition(":")
+    return host if host else rest
 
 
 def job_lease_name(job: str) -> str:
@@ -227,3 +237,75 @@ class DefinitionConflict:
     @property
     def since(self) -> datetime:
         return micros_to_datetime(self.since_us)
+
+
+REPLICA_RETAIN_US = 600_000_000
+"""How long a replica that stopped beating is still listed, as gone, after its row expired
+(10 minutes); a later beat of any replica of the namespace deletes the row after that."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaInfo:
+    """What a running replica says of itself in each heartbeat.
+
+    ``replica_id`` is ``host:pid:<random>``, stable for the life of the process and never a
+    lease's secret token; ``mode`` is ``claim`` or ``leader``; ``jobs_fingerprint`` is a
+    stable hash of the ``(job, definition fingerprint)`` pairs the replica runs, equal on
+    replicas that run the same definitions.
+    """
+
+    replica_id: str
+    host: str
+    pid: int
+    version: str
+    mode: str
+    jobs_fingerprint: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaRecord:
+    """A replica's heartbeat row as the store holds it. Times are the store's clock in µs:
+    ``started_us`` is its first beat (kept by every later one), ``last_seen_us`` its latest
+    beat, ``expires_us`` when the row stops counting as up unless it beats again, and
+    ``now_us`` the store's clock when the row was read, so callers judge liveness in store
+    time, never by their own clock."""
+
+    namespace: str
+    replica_id: str
+    host: str
+    pid: int
+    version: str
+    mode: str
+    jobs_fingerprint: str
+    started_us: int
+    last_seen_us: int
+    expires_us: int
+    now_us: int
+
+    @property
+    def alive(self) -> bool:
+        """Whether the replica is up at ``now_us``: its row has not expired."""
+        return self.expires_us > self.now_us
+
+    @property
+    def gone(self) -> bool:
+        """The replica stopped beating without leaving (it crashed, hung or lost the store):
+        its row expired and is still listed for :data:`REPLICA_RETAIN_US`."""
+        return not self.alive
+
+    @property
+    def silent_us(self) -> int:
+        """How long since its last beat, on the store's clock ("stopped beating 3 min ago")."""
+        return max(0, self.now_us - self.last_seen_us)
+
+    @property
+    def started_at(self) -> datetime:
+        return micros_to_datetime(self.started_us)
+
+    @property
+    def last_seen_at(self) -> datetime:
+        return micros_to_datetime(self.last_seen_us)
+
+    @property
+    def expires_at(self) -> datetime:
+        return micros_to_datetime(self.expires_us)

@@ -30,10 +30,13 @@ from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import JobSpec
 from fleetcron.keepalive import backoff_s
 from fleetcron.lease import new_holder
+from fleetcron.metrics import InstrumentedStore, Metrics, skip_reason
 from fleetcron.models import ClaimResult, DefinitionConflict, JobRecord, RunRecord, SlotClaim
-from fleetcron.schedules import AtSchedule, to_datetime
+from fleetcron.schedules import AtSchedule, iso_utc
 from fleetcron.scheduling.definitions import Definitions
+from fleetcron.scheduling.heartbeat import DEFAULT_HEARTBEAT_S, Heartbeat, replica_info
 from fleetcron.scheduling.leadership import LEADER_LEASE, Elector
+from fleetcron.scheduling.monitor import DEFAULT_MONITOR_S, Monitor
 from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT as _MISSED_RECORD_LIMIT
 from fleetcron.scheduling.planning import (
     DueHeap,
@@ -61,7 +64,10 @@ _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerOptions:
-    """How one replica runs. ``concurrency`` caps the runs in flight on this replica."""
+    """How one replica runs. ``concurrency`` caps the runs in flight on this replica;
+    ``heartbeat_s`` is how often it records its heartbeat (docs/design/replicas.md);
+    ``monitor_s`` how often the replica that watches the namespace's jobs reads their
+    health (:mod:`fleetcron.scheduling.monitor`; 0 turns watching off on this replica)."""
 
     namespace: str
     mode: str = "claim"
@@ -72,6 +78,8 @@ class SchedulerOptions:
     leader_ttl_us: int = 15_000_000
     echo: bool = True
     backend_url: str | None = None
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    monitor_s: float = DEFAULT_MONITOR_S
 
 
 @dataclass
@@ -93,11 +101,21 @@ class AsyncScheduler:
         options: SchedulerOptions,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        metrics: Metrics | None = None,
     ) -> None:
         if options.mode not in ("claim", "leader"):
             raise ConfigurationError(f"mode must be claim or leader, not {options.mode!r}")
         if options.concurrency < 1:
             raise ConfigurationError("concurrency must be at least 1")
+        if not options.heartbeat_s > 0:
+            raise ConfigurationError(f"heartbeat_s must be positive, not {options.heartbeat_s!r}")
+        if not options.monitor_s >= 0:
+            raise ConfigurationError(f"monitor_s must not be negative: {options.monitor_s!r}")
+        self.metrics = metrics
+        if metrics is not None:
+            store = InstrumentedStore(store, metrics)
+            for spec in jobs:
+                metrics.job_defined(spec.name, spec.lock_at_most_us)
         self.store = store
         self.ops = store.ops
         self.specs = {spec.name: spec for spec in jobs}
@@ -129,6 +147,7 @@ class AsyncScheduler:
             recovery=self.recovery,
             store_now=self._now,
             on_done=self._wake.set,
+            metrics=metrics,
         )
         self.elector = Elector(
             store,
@@ -139,11 +158,29 @@ class AsyncScheduler:
         )
         self._last_recovery = 0.0
         self._contended = False  # the last claims found slots other replicas had taken
+        self.heartbeat = Heartbeat(
+            store,
+            options.namespace,
+            replica_info(options.mode, self.definitions.local),
+            every_s=options.heartbeat_s,
+        )
+        self.monitor = Monitor(
+            store,
+            options.namespace,
+            self.holder,
+            every_s=options.monitor_s or DEFAULT_MONITOR_S,
+            on_status=metrics.watched if metrics is not None else None,
+        )
 
     # -- public control ----------------------------------------------------------------
     def stop(self) -> None:
         """Stop claiming; running jobs get ``shutdown_grace_s`` to finish."""
         self._stop.set()
+
+    @property
+    def replica_id(self) -> str:
+        """This replica's id in the replica table (``host:pid:<random>``)."""
+        return self.heartbeat.info.replica_id
 
     @property
     def running(self) -> list[RunRecord]:
@@ -171,6 +208,10 @@ class AsyncScheduler:
     async def run(self) -> None:
         """Run until :meth:`stop`; then drain and return."""
         await self._register()
+        await self.heartbeat.beat()  # up in the replica table by the time it has started
+        self.heartbeat.start()
+        if self.options.monitor_s > 0:
+            self.monitor.start()
         self.signals.started.set()
         try:
             if self.options.mode == "leader":
@@ -178,7 +219,11 @@ class AsyncScheduler:
             else:
                 await self._loop(self._stop)
         finally:
-            await self.supervisor.drain()
+            try:
+                await self.monitor.stop()
+                await self.supervisor.drain()
+            finally:
+                await self.heartbeat.leave()
 
     # -- set-up --------------------------------------------------------------------------
     async def _sync_clock(self) -> int:
@@ -187,6 +232,8 @@ class AsyncScheduler:
         store_now = await self.store.run(self.ops.store_now())
         received = self.clock.monotonic_us()
         self._offset_us = store_now - (sent + received) // 2
+        if self.metrics is not None:
+            self.metrics.clock_offset.set((store_now - self.clock.wall_us()) / 1e6)
         return store_now
 
     def _now(self) -> int:
@@ -238,8 +285,8 @@ class AsyncScheduler:
                 "%s: its one time (at = %s) had passed when it was first scheduled (store "
                 "time %s); it will not run — set a future time, or trigger it by hand",
                 spec.name,
-                to_datetime(spec.schedule.moment_us).isoformat(),
-                to_datetime(store_now).isoformat(),
+                iso_utc(spec.schedule.moment_us),
+                iso_utc(store_now),
                 extra={"action": "job_at_in_past", "job": spec.name},
             )
         self._jobs[spec.name] = PlannedJob(spec=spec, cursor_us=cursor)
@@ -255,6 +302,8 @@ class AsyncScheduler:
                     await asyncio.wait_for(self._stop.wait(), self.options.leader_ttl_us / 3e6)
                 continue
             self.signals.leader.set()
+            if self.metrics is not None:
+                self.metrics.leader.set(1)
             until = asyncio.Event()
             watcher = asyncio.create_task(_first_of(until, self._stop, term.lost))
             try:
@@ -265,6 +314,8 @@ class AsyncScheduler:
             finally:
                 watcher.cancel()
                 self.signals.leader.clear()
+                if self.metrics is not None:
+                    self.metrics.leader.set(0)
                 await self.elector.resign(term)
 
     async def _follow(self) -> None:
@@ -299,6 +350,9 @@ class AsyncScheduler:
             except Exception:
                 # A bug must not stop the replica silently or at once: say so, go on.
                 log.exception("scheduling pass failed", extra={"action": "tick_failed"})
+            if self.metrics is not None:
+                self.metrics.store_up.set(0 if self.outage.active else 1)
+                self.metrics.store_down_seconds.set(self.outage.lasted_s(loop.time()))
             async with self.signals.ticked:
                 self.signals.ticked.notify_all()
             if self.outage.active:
@@ -368,6 +422,8 @@ class AsyncScheduler:
                 )
             )
         if missed:
+            if self.metrics is not None:
+                self.metrics.missed(spec.name, len(missed))
             log.warning(
                 "%s: %d slot(s) missed (catchup = %s)",
                 spec.name,
@@ -453,6 +509,8 @@ class AsyncScheduler:
                     self.ops.run_claim(self.options.namespace, signed, self.holder, ttl)
                 )
                 answers += zip(batch, results, strict=True)
+                if self.metrics is not None:
+                    self.metrics.claimed(results)
         finally:
             # Claims without an answer (the store failed) wait for the next tick. One
             # that did land before the failure answers "taken" then, and its attempt is
@@ -510,9 +568,9 @@ class AsyncScheduler:
             return True  # the stored definition governs: its replicas run the job
         if status == "missed":
             log.warning(
-                "%s: slot %d missed: not started by its deadline (catchup = %s)",
+                "%s: slot %s missed: not started by its deadline (catchup = %s)",
                 claim.job,
-                claim.slot_us,
+                iso_utc(claim.slot_us),
                 self.specs[claim.job].catchup,
                 extra={"action": "slot_missed", "job": claim.job, "slot_us": claim.slot_us},
             )
@@ -556,10 +614,12 @@ class AsyncScheduler:
                 self.options.namespace, claim.job, claim.slot_us, "skipped", why, "schedule"
             )
         )
+        if self.metrics is not None:
+            self.metrics.skipped(claim.job, skip_reason(why))
         log.info(
-            "%s: slot %d skipped: %s",
+            "%s: slot %s skipped: %s",
             claim.job,
-            claim.slot_us,
+            iso_utc(claim.slot_us),
             why,
             extra={"action": "slot_skipped", "job": claim.job, "slot_us": claim.slot_us},
         )
@@ -604,6 +664,10 @@ class StoreOutage:
             extra={"action": "store_recovered", "failures": self.failures},
         )
         self.active, self.failures = False, 0
+
+    def lasted_s(self, now_s: float) -> float:
+        """How long the current outage has lasted (0 when the store is up)."""
+        return now_s - self._since if self.active else 0.0
 
     def delay_s(self) -> float:
         """How long to wait before the next pass during the outage (jittered)."""

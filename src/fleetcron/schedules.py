@@ -55,6 +55,7 @@ __all__ = [
     "PreviewEntry",
     "Schedule",
     "from_datetime",
+    "iso_utc",
     "jitter_us",
     "parse_timezone",
     "preview",
@@ -199,6 +200,10 @@ class Schedule(Protocol):
         """The slots in ``(after_us, until_us]``, oldest first, at most ``limit`` of them."""
         ...
 
+    def at_or_before(self, moment_us: int) -> int | None:
+        """The last slot at or before ``moment_us``, or ``None`` when there is none."""
+        ...
+
     def min_interval_us(self, *, from_us: int | None = None) -> int | None:
         """The shortest gap between consecutive slots (``None`` for a one-off).
 
@@ -246,6 +251,17 @@ class CronSchedule:
     def next_after(self, moment_us: int) -> int | None:
         """The first slot strictly after ``moment_us``, or ``None``."""
         return next(self._iter_after(moment_us), None)
+
+    def at_or_before(self, moment_us: int) -> int | None:
+        """The last slot at or before ``moment_us``, or ``None``."""
+        if self.next_after(moment_us - 1) == moment_us:
+            return moment_us
+        start = to_datetime(moment_us).astimezone(self.zone)
+        try:
+            fire = next(CronSim(self.expression, start, reverse=True))
+        except (StopIteration, OverflowError, ValueError):
+            return None
+        return from_datetime(fire)
 
     def slots_between(self, after_us: int, until_us: int, *, limit: int) -> list[int]:
         """The slots in ``(after_us, until_us]``, oldest first, at most ``limit``."""
@@ -322,6 +338,10 @@ class EverySchedule:
         count = min(limit, (until_us - first) // self.every_us + 1)
         return [first + index * self.every_us for index in range(count)]
 
+    def at_or_before(self, moment_us: int) -> int:
+        """The last multiple of the interval at or before ``moment_us``."""
+        return moment_us // self.every_us * self.every_us
+
     def min_interval_us(self, *, from_us: int | None = None) -> int:
         """The interval itself."""
         return self.every_us
@@ -345,6 +365,10 @@ class AtSchedule:
         """The one slot if it is strictly after ``moment_us``, else ``None``."""
         return self.moment_us if self.moment_us > moment_us else None
 
+    def at_or_before(self, moment_us: int) -> int | None:
+        """The one slot if it is at or before ``moment_us``, else ``None``."""
+        return self.moment_us if self.moment_us <= moment_us else None
+
     def slots_between(self, after_us: int, until_us: int, *, limit: int) -> list[int]:
         """``[moment_us]`` when it lies in ``(after_us, until_us]`` and ``limit`` > 0."""
         if limit > 0 and after_us < self.moment_us <= until_us:
@@ -357,7 +381,7 @@ class AtSchedule:
 
     def describe(self) -> str:
         """E.g. ``once at 2025-01-01T00:00:00Z``."""
-        return f"once at {_iso_utc(self.moment_us)}"
+        return f"once at {iso_utc(self.moment_us)}"
 
     def definition(self) -> Mapping[str, str | int]:
         """``{"kind": "at", "moment_us": ...}``."""
@@ -454,7 +478,8 @@ def _transitions(zone: ZoneInfo, start_us: int, end_us: int) -> list[int]:
     return found
 
 
-def _iso_utc(moment_us: int) -> str:
+def iso_utc(moment_us: int) -> str:
+    """``2026-12-01T07:37:12Z``: how fleetcron writes an instant (µs shown when not 0)."""
     text = to_datetime(moment_us).isoformat()
     return text.removesuffix("+00:00") + "Z"
 

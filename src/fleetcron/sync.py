@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError
 from fleetcron.jobspec import JobSpec
+from fleetcron.metrics import Metrics
 from fleetcron.models import DefinitionConflict, RunRecord
 from fleetcron.portal import Portal
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
@@ -43,6 +44,7 @@ class Scheduler:
         *,
         clock: Clock = SYSTEM_CLOCK,
         close_store: bool = True,
+        metrics: Metrics | None = None,
     ) -> None:
         if not jobs:
             raise ConfigurationError("no jobs: register some with @fleet.job(...) first")
@@ -51,6 +53,7 @@ class Scheduler:
         self.jobs = tuple(jobs)
         self.options = options
         self.clock = clock
+        self.metrics = metrics
         self.core: AsyncScheduler | None = None
         """The async scheduler while it runs."""
         self._portal: Portal | None = None
@@ -82,7 +85,9 @@ class Scheduler:
     async def _serve(self, *, stop_on_signals: bool) -> None:
         store = await self._open_store()
         try:
-            core = AsyncScheduler(store, self.jobs, self.options, clock=self.clock)
+            core = AsyncScheduler(
+                store, self.jobs, self.options, clock=self.clock, metrics=self.metrics
+            )
             self.core = core
             if stop_on_signals:
                 loop = asyncio.get_running_loop()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import sys
 import uuid
@@ -491,3 +492,13 @@ def test_duplicate_names_are_rejected_on_the_python_path() -> None:
         unique_jobs([first, second], where="api")
     with pytest.raises(ConfigurationError, match="job 'same' is defined twice"):
         JobsFile(jobs=(first, second))
+
+
+def test_the_stored_definition_keeps_no_ping_url_in_clear() -> None:
+    secret = "https://hc-ping.com/0b3c5e1e-2f7a-4c8e-9d1a-secret"
+    one = job_spec("j", where="test", every="1m", command=["true"], ping_url=secret)
+    other = job_spec("j", where="test", every="1m", command=["true"], ping_url=secret + "x")
+    stored = json.dumps(one.definition())
+    assert "secret" not in stored
+    assert "hc-ping" not in stored
+    assert one.fingerprint() != other.fingerprint()

@@ -701,5 +701,5 @@ async def test_a_one_time_job_whose_moment_passed_before_it_was_scheduled_is_sai
 
     said = [r for r in caplog.records if getattr(r, "action", None) == "job_at_in_past"]
     assert [getattr(r, "job", None) for r in said] == ["once-past"]
-    assert "2020-01-01T00:00:00+00:00" in said[0].getMessage()
+    assert "2020-01-01T00:00:00Z" in said[0].getMessage()
     assert ledger(store, "once-past") == []

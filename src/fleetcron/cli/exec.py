@@ -2,7 +2,10 @@
 
 The command runs only while this process holds the lease ``NAME``; it is started as an
 argv (never through a shell) in a process group of its own, so that everything it starts
-can be stopped together when the lease is lost or ``--timeout`` elapses.
+can be stopped together when the lease is lost or ``--timeout`` elapses. With
+``--ping-url`` the run's start and end are pinged (:mod:`fleetcron.pings`) from a
+background thread; at the end they get a few seconds to go out, and never change the
+exit status.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.fleet import Fleet
 from fleetcron.keepalive import effective_grace_us, stop_points
 from fleetcron.lease import Lease, new_holder
-from fleetcron.models import RunOutcome, SlotClaim, micros_to_datetime
-from fleetcron.schedules import Schedule
+from fleetcron.models import RunOutcome, SlotClaim
+from fleetcron.pings import Pinger, check_ping_url, finish_ping, start_ping
+from fleetcron.schedules import Schedule, iso_utc
 from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import SlotLease
 from fleetcron.stores.base import SyncStore
@@ -65,6 +69,7 @@ class ExecOptions:
     wait: str | None
     skipped_exit_code: int
     kill_grace_us: int
+    ping_url: str | None = None
 
 
 def option_micros(value: str, option: str, *, positive: bool) -> int:
@@ -111,6 +116,12 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
             f"--kill-grace ({args.kill_grace}) must be shorter than "
             f"--lock-at-most ({args.lock_at_most})"
         )
+    ping_url: str | None = getattr(args, "ping_url", None)
+    if ping_url is not None:
+        try:
+            check_ping_url(ping_url)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"--ping-url: {exc.message}") from None
     return ExecOptions(
         name=args.name,
         command=tuple(command),
@@ -121,6 +132,7 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
         wait=args.wait,
         skipped_exit_code=args.skipped_exit_code,
         kill_grace_us=grace,
+        ping_url=ping_url,
     )
 
 
@@ -196,22 +208,60 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
             extra={"action": "lock_skipped", "lock": options.name},
         )
         return options.skipped_exit_code
-    held = _released(lease)
-    with held:
-        status = _supervise(lease, options, backend_url)
-    if status != EXIT_LEASE_LOST and held.released is False:
-        # The command ended, but the store no longer knew the lease as ours: it expired
-        # while this process could not renew it (paused, starved), so another holder may
-        # have run meanwhile. Its own status would hide that.
-        log.error(
-            "lease on %s expired before the command ended (status %d); it may have run "
-            "beside another holder",
-            options.name,
-            status,
-            extra={"action": "run_lost", "lock": options.name, "fence": lease.fence},
+    pings = _RunPings(options, str(uuid.uuid4()))
+    pings.start()
+    status: int | None = None
+    try:
+        held = _released(lease)
+        with held:
+            status = _supervise(lease, options, backend_url, run_id=pings.run_id)
+        if status != EXIT_LEASE_LOST and held.released is False:
+            # The command ended, but the store no longer knew the lease as ours: it expired
+            # while this process could not renew it (paused, starved), so another holder
+            # may have run meanwhile. Its own status would hide that.
+            log.error(
+                "lease on %s expired before the command ended (status %d); it may have run "
+                "beside another holder",
+                options.name,
+                status,
+                extra={"action": "run_lost", "lock": options.name, "fence": lease.fence},
+            )
+            status = EXIT_LEASE_LOST
+        return status
+    finally:
+        pings.finish(_slot_outcome(status, cancel_requested=False))
+
+
+class _RunPings:
+    """``--ping-url``: the run's start and end, pinged in order from a background thread
+    (no-ops without the option). :meth:`finish` waits for them up to
+    :data:`~fleetcron.pings.CLOSE_WAIT_S`; they never change the exit status."""
+
+    def __init__(self, options: ExecOptions, run_id: str) -> None:
+        self.job = options.name
+        self.url = options.ping_url
+        self.run_id = run_id
+        self._pinger = Pinger() if options.ping_url is not None else None
+
+    def start(self) -> None:
+        if self._pinger is not None and self.url is not None:
+            self._pinger.send(start_ping(self.job, self.url, self.run_id))
+
+    def finish(self, outcome: RunOutcome) -> None:
+        if self._pinger is None or self.url is None:
+            return
+        # A command stopped by fleetcron (timeout 124, lease lost 76, cancelled) is a
+        # /fail: the status is fleetcron's, not the command's.
+        own = outcome.state == "failed" and outcome.exit_code != EXIT_TIMEOUT
+        ping = finish_ping(
+            self.job,
+            self.url,
+            self.run_id,
+            outcome,
+            exit_status=outcome.exit_code if own else None,
         )
-        return EXIT_LEASE_LOST
-    return status
+        self._pinger.send(ping)
+        self._pinger.close()
 
 
 class _released:
@@ -428,9 +478,11 @@ def run_exec_schedule(
     )
     sent = clock.monotonic_us()
     (answer,) = store.run(ledger.run_claim(namespace, [claim], new_holder(), terms.lock_at_most_us))
-    slot_text = micros_to_datetime(slot).isoformat().replace("+00:00", "Z")
+    slot_text = iso_utc(slot)
     if answer.run is None:
-        log.info(
+        # A ledger fact, shown at the default level (-q hides it): every host of a fleet
+        # but one sees it for each slot, and a slot that is never run shows up here.
+        log.warning(
             "%s: slot %s skipped: %s",
             options.name,
             slot_text,
@@ -444,6 +496,8 @@ def run_exec_schedule(
         )
         return options.skipped_exit_code
     run = answer.run
+    pings = _RunPings(options, run.run_id)
+    pings.start()
     lease = SlotLease(store, terms, run, sent_us=sent, clock=clock)
     if terms.keepalive:
         lease.start_keepalive()
@@ -479,6 +533,12 @@ def run_exec_schedule(
                 error,
                 extra={"action": "run_finish_failed", "job": options.name},
             )
+        if lease.accepted is False:
+            outcome = RunOutcome(
+                state="lost",
+                error=f"outcome refused: fence {lease.fence} is no longer current (lease lost)",
+            )
+        pings.finish(outcome)
     if lease.accepted is False:
         log.error(
             "%s: outcome refused: fence %d is no longer current (lease lost)",

@@ -10,11 +10,13 @@ __all__ = [
     "EXIT_STORE_REFUSED",
     "EXIT_STORE_UNAVAILABLE",
     "EXIT_TIMEOUT",
+    "EXIT_UNHEALTHY",
     "EXIT_USAGE",
 ]
 
 # fleetcron's own failures never exit 1: under `fleetcron exec` a 1 is the command's.
 
+EXIT_UNHEALTHY = 1  # `status --check` only: a job is overdue, failing or stuck (Nagios WARNING)
 EXIT_USAGE = 2  # bad option, duration, name or URL; nothing was touched
 EXIT_STORE_UNAVAILABLE = 75  # EX_TEMPFAIL: the store could not be reached; command not started
 EXIT_LEASE_LOST = 76  # the lease was lost while the command ran; its process group was killed

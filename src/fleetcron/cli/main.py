@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from fleetcron import __version__
-from fleetcron.cli import next_cmd, scheduler_cmds
+from fleetcron._log import LOG_FORMATS, JsonFormatter, TextFormatter
+from fleetcron.cli import next_cmd, scheduler_cmds, status_cmd
 from fleetcron.cli.exitcodes import (
     EXIT_INTERNAL,
     EXIT_STORE_REFUSED,
@@ -107,6 +108,20 @@ def _common() -> _Parser:
     common.add_argument(
         "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more"
     )
+    common.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log errors only (e.g. not a skipped `exec --schedule`)",
+    )
+    common.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=argparse.SUPPRESS,
+        help="text (default) or json: one object per line with every field "
+        "(default: $FLEETCRON_LOG_FORMAT, else text)",
+    )
     return common
 
 
@@ -150,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     exec_.add_argument(
         "--kill-grace", metavar="D", help="SIGTERM→SIGKILL delay (default min(5s, most/6))"
     )
+    exec_.add_argument(
+        "--ping-url",
+        metavar="URL",
+        help="ping the run's start and end to URL, healthchecks.io-style "
+        "(/start, success, /fail, /<exit status>, rid=run id)",
+    )
 
     locks = commands.add_parser("locks", parents=[common], help="list leases")
     locks.add_argument("--json", action="store_true", help="machine-readable output")
@@ -160,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("migrate", parents=[common], help="create or upgrade the store's schema")
     next_cmd.add_parser(commands, [common])
+    status_cmd.add_parser(commands, [common])
     scheduler_cmds.add_parsers(commands, [common])
     return parser
 
@@ -167,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def _configure_logging(verbosity: int, *, daemon: bool = False) -> None:
+def _configure_logging(
+    verbosity: int, *, daemon: bool = False, log_format: str | None = None, quiet: bool = False
+) -> None:
     # A daemon reports every run (info); a one-shot command only what went wrong.
     base = 1 if daemon else 0
     configured = os.environ.get("FLEETCRON_LOG_LEVEL", "").strip().upper()
@@ -177,11 +201,21 @@ def _configure_logging(verbosity: int, *, daemon: bool = False) -> None:
             f"{', '.join(_LOG_LEVELS)}"
         )
     level = configured or (
-        "WARNING" if verbosity + base == 0 else "INFO" if verbosity + base == 1 else "DEBUG"
+        "ERROR"
+        if quiet
+        else "WARNING"
+        if verbosity + base == 0
+        else "INFO"
+        if verbosity + base == 1
+        else "DEBUG"
     )
+    chosen = log_format or os.environ.get("FLEETCRON_LOG_FORMAT", "").strip().lower() or "text"
+    if chosen not in LOG_FORMATS:
+        raise ConfigurationError(
+            f"FLEETCRON_LOG_FORMAT={chosen!r} is not a format; use one of {', '.join(LOG_FORMATS)}"
+        )
     handler = logging.StreamHandler(sys.stderr)
-    fmt = "%(asctime)s fleetcron: %(message)s" if daemon else "fleetcron: %(message)s"
-    handler.setFormatter(logging.Formatter(fmt))
+    handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter(with_time=daemon))
     logger = logging.getLogger("fleetcron")
     logger.handlers[:] = [handler]
     logger.setLevel(level)
@@ -310,6 +344,8 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         return next_cmd.run(args)
     if args.command == "run":
         return scheduler_cmds.run_run(args)
+    if args.command == "status":
+        return status_cmd.run(args)
     if args.command == "runs":
         return scheduler_cmds.run_runs(args)
     if args.command == "backfill":
@@ -332,7 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(arguments)
     try:
-        _configure_logging(getattr(args, "verbose", 0), daemon=args.command == "run")
+        _configure_logging(
+            getattr(args, "verbose", 0),
+            daemon=args.command == "run",
+            log_format=getattr(args, "log_format", None),
+            quiet=getattr(args, "quiet", False),
+        )
         return _dispatch(args, command)
     except ConfigurationError as exc:
         print(f"fleetcron: error: {exc.message}", file=sys.stderr)  # noqa: T201

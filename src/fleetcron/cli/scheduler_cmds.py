@@ -10,10 +10,15 @@ import signal
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
+from wsgiref.simple_server import WSGIServer
 
+from prometheus_client import start_http_server
+
+from fleetcron._log import log
 from fleetcron.durations import format_duration
 from fleetcron.errors import ConfigurationError
 from fleetcron.jobsfile import load_jobs_file
+from fleetcron.metrics import Metrics
 from fleetcron.models import RunRecord, micros_to_datetime
 from fleetcron.names import validate_name, validate_namespace
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
@@ -59,6 +64,12 @@ def add_parsers(
         "about this long",
     )
 
+    run.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (':9100' is every interface)",
+    )
+
     runs = subparsers.add_parser("runs", parents=list(parents), help="show the run ledger")
     runs.add_argument("job", nargs="?", metavar="JOB")
     runs.add_argument("--limit", type=int, default=20, metavar="N")
@@ -87,6 +98,30 @@ def add_parsers(
 
 
 _DEFAULT_LEADER_TTL = "15s"
+
+
+def serve_metrics(where: str, metrics: Metrics) -> WSGIServer:
+    """Serve ``metrics`` at ``http://HOST:PORT/metrics`` in a daemon thread; a bad
+    address or a port in use is refused before anything else starts."""
+    host, sep, port_text = where.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"  # ':PORT' means every interface, as in Go tools
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigurationError(
+            f"--metrics must be HOST:PORT (e.g. 127.0.0.1:9100), not {where!r}"
+        )
+    try:
+        server, _thread = start_http_server(int(port_text), host, registry=metrics.registry)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--metrics {where}: cannot listen there: {exc.strerror or exc}"
+        ) from None
+    log.info(
+        "metrics at http://%s:%s/metrics",
+        host,
+        port_text,
+        extra={"action": "metrics_serving", "address": where},
+    )
+    return server
 
 
 def _job_arg(args: argparse.Namespace) -> str | None:
@@ -132,11 +167,13 @@ def run_run(args: argparse.Namespace) -> int:
     )
     if not jobs_file.jobs:
         raise ConfigurationError(f"{args.jobs_file}: no jobs defined ([jobs.NAME] tables)")
+    metrics = Metrics()
+    server = serve_metrics(args.metrics, metrics) if args.metrics else None
 
     async def main() -> None:
         store = await open_async_store(url)
         try:
-            scheduler = AsyncScheduler(store, jobs_file.jobs, options)
+            scheduler = AsyncScheduler(store, jobs_file.jobs, options, metrics=metrics)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, scheduler.stop)
@@ -144,7 +181,12 @@ def run_run(args: argparse.Namespace) -> int:
         finally:
             await store.close()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     return 0
 
 

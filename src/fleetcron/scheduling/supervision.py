@@ -5,7 +5,8 @@ renewed every ``lock_at_most / 3`` while ``keepalive`` is on, its loss (or its t
 cancel request, the replica's shutdown) stops the run with the executor's stop sequence,
 and its outcome is recorded only while its fence is current. A sync function that does not
 return when cancelled is *abandoned*: no other run of its job starts on this replica until
-it returns (the loop asks :attr:`Supervisor.abandoned`).
+it returns (the loop asks :attr:`Supervisor.abandoned`). A job with a ``ping_url`` has
+each attempt's start and end pinged in the background (:mod:`fleetcron.pings`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from fleetcron.clock import Clock
 from fleetcron.context import RunContext
 from fleetcron.errors import StoreError
 from fleetcron.executor import Cancellation, StopPolicy, execute
-from fleetcron.jobspec import JobSpec
+from fleetcron.jobspec import CommandTarget, JobSpec
 from fleetcron.keepalive import effective_grace_us
 from fleetcron.lease import LeaseTerms
+from fleetcron.metrics import Metrics
 from fleetcron.models import RunOutcome, RunRecord
+from fleetcron.pings import AsyncPinger, finish_ping, start_ping
+from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.recovery import Recovery
 from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import AsyncSlotLease
@@ -68,8 +72,10 @@ class Supervisor:
         recovery: Recovery,
         store_now: Callable[[], int],
         on_done: Callable[[], None],
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.specs = specs
         self.options = options
         self.clock = clock
@@ -79,12 +85,15 @@ class Supervisor:
         self.running: dict[tuple[str, int], Running] = {}
         # Jobs whose sync function was abandoned after its cancellation and still runs.
         self.abandoned: dict[str, asyncio.Future[object]] = {}
+        self.pings = AsyncPinger()
 
     def start(self, record: RunRecord, sent_us: int) -> None:
         """Run a claimed attempt; ``sent_us``: when its claim was sent (its lease's start)."""
         spec = self.specs[record.job]
         entry = Running(spec=spec, record=record, cancellation=Cancellation(self.clock))
         self.running[(record.job, record.slot_us)] = entry
+        if self.metrics is not None:
+            self.metrics.in_flight.set(len(self.running))
         entry.task = asyncio.create_task(
             self._run_one(entry, sent_us), name=f"fleetcron-run:{record.job}"
         )
@@ -140,19 +149,22 @@ class Supervisor:
             logger=adapter,
         )
         log.info(
-            "%s: run started (slot %d, attempt %d, fence %d)",
+            "%s: run started (slot %s, attempt %d, fence %d)",
             spec.name,
-            record.slot_us,
+            iso_utc(record.slot_us),
             record.attempt,
             record.fence,
             extra={"action": "run_started", "job": spec.name, "fence": record.fence},
         )
+        if spec.ping_url is not None:
+            self.pings.send(start_ping(spec.name, spec.ping_url, record.run_id))
         lease = self._slot_lease(entry, sent_us)
         timer = None
         if spec.timeout_us is not None:
             timer = asyncio.get_running_loop().call_later(
                 spec.timeout_us / 1e6, entry.cancellation.request, "timeout"
             )
+        started_us = self.clock.monotonic_us()
         try:
             execution = await execute(
                 spec,
@@ -173,12 +185,20 @@ class Supervisor:
             # renewing a run that no longer exists; it expires and the ledger recovers it.
             lease.cancel_keepalive()
             self.running.pop((record.job, record.slot_us), None)
+            if self.metrics is not None:
+                self.metrics.in_flight.set(len(self.running))
+            stopped = RunOutcome(state="lost", error="the replica stopped before the run ended")
+            self._ping_finish(entry, stopped, None)
             raise
         finally:
             if timer is not None:
                 timer.cancel()
+        accepted: bool | None = None
+        if self.metrics is not None:
+            ran_s = (self.clock.monotonic_us() - started_us) / 1e6
+            self.metrics.finished(spec.name, outcome.state, ran_s)
         try:
-            await self._finish(entry, lease, outcome)
+            accepted = await self._finish(entry, lease, outcome)
         except Exception:
             # Not a store outage (_finish logs those): a bug or an outcome the store cannot
             # take. The row stays running until its lease expires and is recovered.
@@ -188,8 +208,39 @@ class Supervisor:
                 extra={"action": "run_finish_failed", "job": spec.name},
             )
         finally:
+            self._ping_finish(entry, outcome, accepted)
             self.running.pop((record.job, record.slot_us), None)
+            if self.metrics is not None:
+                self.metrics.in_flight.set(len(self.running))
             self._on_done()
+
+    def _ping_finish(self, entry: Running, outcome: RunOutcome, accepted: bool | None) -> None:
+        """Ping the attempt's end (``accepted``: whether the ledger took its outcome,
+        ``None``: unknown). A refused outcome was a lost lease; a failure that will be
+        retried is only logged; a command stopped by fleetcron (timeout, cancel, lease
+        lost) is a ``/fail``, not its signal's status."""
+        spec, record = entry.spec, entry.record
+        if spec.ping_url is None:
+            return
+        if accepted is False:
+            outcome = RunOutcome(
+                state="lost",
+                error=f"outcome refused: fence {record.fence} is no longer current (lease lost)",
+                output=outcome.output,
+            )
+        stopped = entry.cancellation.reason is not None
+        command = isinstance(spec.target, CommandTarget)
+        ping = finish_ping(
+            spec.name,
+            spec.ping_url,
+            record.run_id,
+            outcome,
+            exit_status=outcome.exit_code if command and not stopped else None,
+            retrying=bool(accepted)
+            and outcome.state == "failed"
+            and record.attempt <= spec.retries,
+        )
+        self.pings.send(ping)
 
     def _abandon(self, job: str, work: asyncio.Future[object]) -> None:
         """A sync function did not return when its run was cancelled: it still runs in its
@@ -216,7 +267,10 @@ class Supervisor:
 
         work.add_done_callback(ended)
 
-    async def _finish(self, entry: Running, lease: AsyncSlotLease, outcome: RunOutcome) -> None:
+    async def _finish(
+        self, entry: Running, lease: AsyncSlotLease, outcome: RunOutcome
+    ) -> bool | None:
+        """Record ``outcome``; whether the ledger took it (``None``: the store failed)."""
         spec, record = entry.spec, entry.record
         retry = outcome.state == "failed" and record.attempt <= spec.retries
         if retry:
@@ -250,7 +304,7 @@ class Supervisor:
                 record.attempt + 1,
                 extra={"action": "run_finish_failed", "job": spec.name},
             )
-            return
+            return None
         if not accepted:
             log.error(
                 "%s: outcome %s refused: fence %d is no longer current (lease lost)",
@@ -259,7 +313,7 @@ class Supervisor:
                 record.fence,
                 extra={"action": "run_rejected", "job": spec.name, "fence": record.fence},
             )
-            return
+            return False
         if retry:
             due = self._store_now() + spec.retry_backoff_us
             self.recovery.schedule_retry(spec.name, record.slot_us, due, record.attempt + 1)
@@ -277,6 +331,7 @@ class Supervisor:
                 "exit_code": outcome.exit_code,
             },
         )
+        return True
 
     def cancel_all(self, reason: str) -> None:
         """Ask every run in flight to stop."""
@@ -290,7 +345,8 @@ class Supervisor:
             await asyncio.wait(tasks, timeout=timeout_s)
 
     async def drain(self) -> None:
-        """Shutdown: the runs get ``shutdown_grace_s`` to end, then are stopped."""
+        """Shutdown: the runs get ``shutdown_grace_s`` to end, then are stopped; their
+        pings get :data:`~fleetcron.pings.CLOSE_WAIT_S` to go out."""
         if self.running:
             log.info(
                 "stopping: waiting up to %.0fs for %d run(s)",
@@ -302,6 +358,9 @@ class Supervisor:
         if self.running:
             self.cancel_all("replica shutting down")
             await self.wait_runs(self.options.kill_grace_s + 2)
-        for entry in list(self.running.values()):
-            if entry.task is not None:
-                entry.task.cancel()
+        cancelled = [e.task for e in self.running.values() if e.task is not None]
+        for task in cancelled:
+            task.cancel()
+        if cancelled:  # their last pings are queued as they unwind
+            await asyncio.wait(cancelled, timeout=1)
+        await self.pings.close()

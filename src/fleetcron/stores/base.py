@@ -17,7 +17,10 @@ Contract every backend keeps (``tests/contract`` is the executable specification
 - ``lease_extend`` / ``lease_release`` act only for the exact (holder, fence) and only on a
   lease that has not expired; otherwise they change nothing and report it.
 - ``lease_release`` keeps the lease until ``min_until`` (``lock_at_least``).
-- Rows are never deleted except by ``lease_prune`` of names unused for a given age.
+- Lease rows are never deleted except by ``lease_prune`` of names unused for a given age.
+- A replica's heartbeat row counts as up while ``store_now < expires``, like a lease; it is
+  deleted by ``replica_leave`` or, once expired for longer than the retention, by a later
+  ``replica_beat`` of the namespace (docs/design/replicas.md).
 """
 
 from __future__ import annotations
@@ -27,10 +30,21 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from fleetcron.errors import FleetcronError, StoreError, StoreUnavailable
-from fleetcron.models import ClaimResult, JobRecord, LeaseRecord, RunOutcome, RunRecord, SlotClaim
+from fleetcron.models import (
+    REPLICA_RETAIN_US,
+    ClaimResult,
+    JobRecord,
+    LeaseRecord,
+    ReplicaInfo,
+    ReplicaRecord,
+    RunOutcome,
+    RunRecord,
+    SlotClaim,
+)
 from fleetcron.stores.statements import SqlResult, Statement
 
 __all__ = [
+    "REPLICA_PRUNE_LIMIT",
     "AsyncStore",
     "Capability",
     "Operation",
@@ -44,6 +58,7 @@ __all__ = [
     "drive_async",
     "rows_to_jobs",
     "rows_to_records",
+    "rows_to_replicas",
     "rows_to_runs",
 ]
 
@@ -61,6 +76,9 @@ class Capability(enum.Flag):
 
 
 Operation = Generator[Statement, Any, T]
+
+REPLICA_PRUNE_LIMIT = 100
+"""At most this many long-expired replica rows are deleted by one ``replica_beat``."""
 
 
 def drive(operation: Operation[T], execute: Callable[[Statement], Any]) -> T:
@@ -213,6 +231,31 @@ class Operations(Protocol):
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
         """Every job row of the namespace, by name."""
+        ...
+
+    # -- replica heartbeats -----------------------------------------------------------------
+    def replica_beat(
+        self,
+        namespace: str,
+        replica: ReplicaInfo,
+        ttl_us: int,
+        retain_us: int = REPLICA_RETAIN_US,
+    ) -> Operation[ReplicaRecord]:
+        """Upsert the replica's row at the store's now: ``last_seen = now``, ``expires =
+        now + ttl``, its other fields from ``replica``; ``started`` is kept when the row
+        exists (else ``now``). In the same step, delete a bounded number of the namespace's
+        other rows that expired more than ``retain_us`` ago. Returns the row written."""
+        ...
+
+    def replica_list(
+        self, namespace: str, gone_within_us: int = REPLICA_RETAIN_US
+    ) -> Operation[list[ReplicaRecord]]:
+        """The replica rows of ``namespace`` with ``expires + gone_within_us > now`` (``0``:
+        only the live ones), by replica id, each with the store's now."""
+        ...
+
+    def replica_leave(self, namespace: str, replica_id: str) -> Operation[bool]:
+        """Delete the replica's row (a clean stop); ``False`` when there was none."""
         ...
 
 
@@ -368,6 +411,27 @@ def rows_to_jobs(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[JobRec
             last_failure_us=_int(row[6]),
             updated_us=int(row[7]),
             now_us=int(row[8]),
+        )
+        for row in rows
+    ]
+
+
+def rows_to_replicas(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[ReplicaRecord]:
+    """Map ``(replica_id, host, pid, version, mode, jobs_fingerprint, started_us,
+    last_seen_us, expires_us, now_us)`` rows."""
+    return [
+        ReplicaRecord(
+            namespace=namespace,
+            replica_id=_text(row[0]),
+            host=_text(row[1]),
+            pid=int(row[2]),
+            version=_text(row[3]),
+            mode=_text(row[4]),
+            jobs_fingerprint=_text(row[5]),
+            started_us=int(row[6]),
+            last_seen_us=int(row[7]),
+            expires_us=int(row[8]),
+            now_us=int(row[9]),
         )
         for row in rows
     ]

@@ -14,15 +14,19 @@ from typing import Any, TypeVar
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.models import (
     FINAL_STATES,
+    REPLICA_RETAIN_US,
     ClaimResult,
     JobRecord,
     LeaseRecord,
+    ReplicaInfo,
+    ReplicaRecord,
     RunOutcome,
     RunRecord,
     SlotClaim,
     job_lease_name,
 )
 from fleetcron.stores.base import (
+    REPLICA_PRUNE_LIMIT,
     Capability,
     Operation,
     Statement,
@@ -49,6 +53,7 @@ class _State:
     leases: dict[tuple[str, str], LeaseRecord]
     runs: dict[tuple[str, str, int], RunRecord] = field(default_factory=dict)
     jobs: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
+    replicas: dict[tuple[str, str], ReplicaRecord] = field(default_factory=dict)
 
 
 StepFunction = Callable[[_State, int], Any]
@@ -411,7 +416,68 @@ class _MemoryLedger:
         return result
 
 
-class MemoryOperations(_MemoryLeases, _MemoryLedger):
+class _MemoryReplicas:
+    """Replica heartbeat rows over a dict."""
+
+    def replica_beat(
+        self,
+        namespace: str,
+        replica: ReplicaInfo,
+        ttl_us: int,
+        retain_us: int = REPLICA_RETAIN_US,
+    ) -> Operation[ReplicaRecord]:
+        def step(state: _State, now: int) -> ReplicaRecord:
+            key = (namespace, replica.replica_id)
+            doomed = sorted(
+                (r.expires_us, k)
+                for k, r in state.replicas.items()
+                if k[0] == namespace and k != key and r.expires_us < now - retain_us
+            )
+            for _, doomed_key in doomed[:REPLICA_PRUNE_LIMIT]:
+                del state.replicas[doomed_key]
+            before = state.replicas.get(key)
+            record = ReplicaRecord(
+                namespace=namespace,
+                replica_id=replica.replica_id,
+                host=replica.host,
+                pid=replica.pid,
+                version=replica.version,
+                mode=replica.mode,
+                jobs_fingerprint=replica.jobs_fingerprint,
+                started_us=before.started_us if before is not None else now,
+                last_seen_us=now,
+                expires_us=now + ttl_us,
+                now_us=now,
+            )
+            state.replicas[key] = record
+            return record
+
+        result: ReplicaRecord = yield _step(step)
+        return result
+
+    def replica_list(
+        self, namespace: str, gone_within_us: int = REPLICA_RETAIN_US
+    ) -> Operation[list[ReplicaRecord]]:
+        def step(state: _State, now: int) -> list[ReplicaRecord]:
+            rows = [
+                replace(r, now_us=now)
+                for (ns, _), r in state.replicas.items()
+                if ns == namespace and r.expires_us + gone_within_us > now
+            ]
+            return sorted(rows, key=lambda row: row.replica_id)
+
+        result: list[ReplicaRecord] = yield _step(step)
+        return result
+
+    def replica_leave(self, namespace: str, replica_id: str) -> Operation[bool]:
+        def step(state: _State, _now: int) -> bool:
+            return state.replicas.pop((namespace, replica_id), None) is not None
+
+        result: bool = yield _step(step)
+        return result
+
+
+class MemoryOperations(_MemoryLeases, _MemoryLedger, _MemoryReplicas):
     """Every operation of the in-memory store."""
 
 

@@ -27,6 +27,20 @@ would be another Cluster slot). The scripts of a whole job (``run_list``, ``run_
 ``run_prune``) are given the slot index as their key and reach the run rows named in it;
 those rows share its hash tag, so they are in the same slot.
 
+Replica heartbeats (docs/design/replicas.md) live under one hash tag per namespace, that
+of the name ``fleetcron:replicas``; with ``R = fleetcron:{<len(ns)>:<ns>:fleetcron:replicas}``:
+
+- ``R:index`` — sorted set of the namespace's replicas (member the replica id, score its
+  ``expires_us``), to list and prune them in one script;
+- ``R:replica:<replica_id>`` — one replica's row: ``id``, ``host``, ``pid``, ``version``,
+  ``mode``, ``jobs``, ``started``, ``seen``, ``expiry`` (no ``expires`` or ``fence`` field, so
+  the lease scripts take it for no lease whatever its id). It has a TTL (``PEXPIRE``) of
+  ``ttl + retain``, refreshed by every beat, so a replica gone for good leaves nothing
+  behind even if no other replica beats again; the index key gets at least the same.
+
+Neither ends with ``}`` nor matches the job-row pattern, so the lease and ledger SCANs never
+see them.
+
 A batch of claims is one round trip (plus one ``SCRIPT LOAD`` after a script cache
 flush): a pipeline of ``EVALSHA`` calls of the claim script, each with its own keys and
 arguments. On one server the whole batch is one call — one ``TIME``, one atomic step.
@@ -41,25 +55,38 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetcron.models import (
+    REPLICA_RETAIN_US,
     ClaimResult,
     JobRecord,
     LeaseRecord,
+    ReplicaInfo,
+    ReplicaRecord,
     RunOutcome,
     RunRecord,
     SlotClaim,
     job_lease_name,
 )
 from fleetcron.stores.base import (
+    REPLICA_PRUNE_LIMIT,
     Operation,
     acquired_record,
     rows_to_jobs,
     rows_to_records,
+    rows_to_replicas,
     rows_to_runs,
 )
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
 
-__all__ = ["RedisOperations", "job_key", "lease_key", "run_key", "slots_key"]
+__all__ = [
+    "RedisOperations",
+    "job_key",
+    "lease_key",
+    "replica_index_key",
+    "replica_key",
+    "run_key",
+    "slots_key",
+]
 
 
 def _glob_escape(text: str) -> str:
@@ -92,6 +119,16 @@ def run_key(namespace: str, job: str, slot_us: int) -> str:
 def slots_key(namespace: str, job: str) -> str:
     """The sorted set of a job's slots (score = slot_us): under the job lease's hash tag."""
     return _job_base(namespace, job) + ":slots"
+
+
+def replica_index_key(namespace: str) -> str:
+    """The sorted set of a namespace's replicas (score = ``expires_us``)."""
+    return lease_key(namespace, "fleetcron:replicas") + ":index"
+
+
+def replica_key(namespace: str, replica_id: str) -> str:
+    """One replica's heartbeat hash: under the hash tag of its namespace's index."""
+    return f"{lease_key(namespace, 'fleetcron:replicas')}:replica:{replica_id}"
 
 
 def _jobs_pattern(namespace: str) -> str:
@@ -380,8 +417,52 @@ class _RedisLedger:
         return sorted(jobs, key=lambda row: row.job)
 
 
-class RedisOperations(_RedisLeases, _RedisLedger):
-    """Every operation of the Redis store: leases and the run ledger."""
+class _RedisReplicas:
+    """Replica heartbeats as script invocations, one script (one hash slot) each."""
+
+    def replica_beat(
+        self,
+        namespace: str,
+        replica: ReplicaInfo,
+        ttl_us: int,
+        retain_us: int = REPLICA_RETAIN_US,
+    ) -> Operation[ReplicaRecord]:
+        reply = yield Script(
+            "replica_beat",
+            (replica_index_key(namespace), replica_key(namespace, replica.replica_id)),
+            (
+                replica.replica_id,
+                replica.host,
+                replica.pid,
+                replica.version,
+                replica.mode,
+                replica.jobs_fingerprint,
+                ttl_us,
+                retain_us,
+                REPLICA_PRUNE_LIMIT,
+            ),
+        )
+        (record,) = rows_to_replicas(namespace, [reply])
+        return record
+
+    def replica_list(
+        self, namespace: str, gone_within_us: int = REPLICA_RETAIN_US
+    ) -> Operation[list[ReplicaRecord]]:
+        reply = yield Script("replica_list", (replica_index_key(namespace),), (gone_within_us,))
+        rows = rows_to_replicas(namespace, reply)
+        return sorted(rows, key=lambda row: row.replica_id)
+
+    def replica_leave(self, namespace: str, replica_id: str) -> Operation[bool]:
+        reply = yield Script(
+            "replica_leave",
+            (replica_index_key(namespace), replica_key(namespace, replica_id)),
+            (replica_id,),
+        )
+        return bool(reply)
+
+
+class RedisOperations(_RedisLeases, _RedisLedger, _RedisReplicas):
+    """Every operation of the Redis store: leases, the run ledger and replica heartbeats."""
 
     def __init__(self, *, cluster: bool = False) -> None:
         self.cluster = cluster

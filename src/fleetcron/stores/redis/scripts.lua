@@ -383,3 +383,61 @@ return job_row(KEYS[1])
 -- uses: now
 -- no KEYS, no ARGV; returns the server's TIME in µs (an integer)
 return now
+
+-- name: replica_beat
+-- uses: now
+-- KEYS[1] the namespace's replica index (sorted set: replica id, score expires_us),
+-- KEYS[2] this replica's hash; the other replicas' hashes are the index key with
+-- ':index' replaced by ':replica:<id>' (same hash tag)
+-- ARGV: replica_id, host, pid, version, mode, jobs_fingerprint, ttl_us, retain_us,
+--       prune_limit
+-- deletes up to prune_limit other replicas that expired more than retain_us ago, upserts
+-- this one (started kept while its hash exists; the hash expires by itself retain_us after
+-- the row does) and returns its row: replica_id, host, pid, version, mode,
+-- jobs_fingerprint, started_us, last_seen_us, expires_us, now_us
+local ttl, retain = tonumber(ARGV[7]), tonumber(ARGV[8])
+local base = string.sub(KEYS[1], 1, -7) .. ':replica:'
+local doomed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. s(now - retain),
+                          'LIMIT', 0, tonumber(ARGV[9]))
+for _, id in ipairs(doomed) do
+  if id ~= ARGV[1] then
+    redis.call('DEL', base .. id)
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+local started = redis.call('HGET', KEYS[2], 'started') or s(now)
+local expires = now + ttl
+redis.call('HSET', KEYS[2], 'id', ARGV[1], 'host', ARGV[2], 'pid', ARGV[3],
+           'version', ARGV[4], 'mode', ARGV[5], 'jobs', ARGV[6], 'started', started,
+           'seen', s(now), 'expiry', s(expires))
+local keep_ms = math.ceil((ttl + retain) / 1000)
+redis.call('PEXPIRE', KEYS[2], keep_ms)
+redis.call('ZADD', KEYS[1], s(expires), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < keep_ms then redis.call('PEXPIRE', KEYS[1], keep_ms) end
+return {ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], tonumber(started),
+        now, expires, now}
+
+-- name: replica_list
+-- uses: now
+-- KEYS[1] the namespace's replica index; ARGV: gone_within_us
+-- returns the rows (as replica_beat) with expires_us > now - gone_within_us: the live
+-- replicas, and those gone within it
+local base = string.sub(KEYS[1], 1, -7) .. ':replica:'
+local rows = {}
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. s(now - tonumber(ARGV[1])), '+inf')
+for _, id in ipairs(ids) do
+  local r = redis.call('HMGET', base .. id, 'id', 'host', 'pid', 'version', 'mode', 'jobs',
+                       'started', 'seen', 'expiry')
+  if r[1] then
+    rows[#rows + 1] = {r[1], r[2], tonumber(r[3]), r[4], r[5], r[6], tonumber(r[7]),
+                       tonumber(r[8]), tonumber(r[9]), now}
+  end
+end
+return rows
+
+-- name: replica_leave
+-- KEYS[1] the namespace's replica index, KEYS[2] the replica's hash; ARGV: replica_id
+-- returns 1 when the replica had a row, else 0
+local had = redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[1], ARGV[1])
+return had

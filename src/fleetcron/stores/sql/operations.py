@@ -12,26 +12,31 @@ import json
 from collections.abc import Sequence
 
 from fleetcron.models import (
+    REPLICA_RETAIN_US,
     ClaimResult,
     JobRecord,
     LeaseRecord,
+    ReplicaInfo,
+    ReplicaRecord,
     RunOutcome,
     RunRecord,
     SlotClaim,
     job_lease_name,
 )
 from fleetcron.stores.base import (
+    REPLICA_PRUNE_LIMIT,
     Operation,
     SqlResult,
     acquired_record,
     rows_to_jobs,
     rows_to_records,
+    rows_to_replicas,
     rows_to_runs,
 )
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.statements import Query, QueryBatch
 
-__all__ = ["SqlLedger", "SqlOperations", "claim_params"]
+__all__ = ["SqlLedger", "SqlOperations", "claim_params", "replica_params"]
 
 
 class SqlOperations:
@@ -139,12 +144,32 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
     }
 
 
+def replica_params(
+    namespace: str, replica: ReplicaInfo, ttl_us: int, retain_us: int
+) -> dict[str, object]:
+    """The bound parameters of one heartbeat (every dialect uses the same names)."""
+    return {
+        "namespace": namespace,
+        "replica_id": replica.replica_id,
+        "host": replica.host,
+        "pid": replica.pid,
+        "version": replica.version,
+        "mode": replica.mode,
+        "jobs_fingerprint": replica.jobs_fingerprint,
+        "ttl_us": ttl_us,
+        "retain_us": retain_us,
+        "prune_limit": REPLICA_PRUNE_LIMIT,
+    }
+
+
 class SqlLedger:
-    """Run-ledger operations for dialects that express each one as a single named query
-    (a function call on PostgreSQL, a multi-statement transaction on MySQL).
+    """Run-ledger and replica-heartbeat operations for dialects that express each one as a
+    single named query (a function call or one statement on PostgreSQL, a multi-statement
+    transaction on MySQL).
 
     Row shapes: runs as :func:`~fleetcron.stores.base.rows_to_runs`, jobs as
-    :func:`~fleetcron.stores.base.rows_to_jobs`.
+    :func:`~fleetcron.stores.base.rows_to_jobs`, replicas as
+    :func:`~fleetcron.stores.base.rows_to_replicas`.
     """
 
     def store_now(self) -> Operation[int]:
@@ -317,3 +342,31 @@ class SqlLedger:
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
         result: SqlResult = yield Query("job_list", {"namespace": namespace})
         return rows_to_jobs(namespace, result.rows)
+
+    # -- replica heartbeats (docs/design/replicas.md) ----------------------------------------
+    def replica_beat(
+        self,
+        namespace: str,
+        replica: ReplicaInfo,
+        ttl_us: int,
+        retain_us: int = REPLICA_RETAIN_US,
+    ) -> Operation[ReplicaRecord]:
+        result: SqlResult = yield Query(
+            "replica_beat", replica_params(namespace, replica, ttl_us, retain_us)
+        )
+        (record,) = rows_to_replicas(namespace, result.rows)
+        return record
+
+    def replica_list(
+        self, namespace: str, gone_within_us: int = REPLICA_RETAIN_US
+    ) -> Operation[list[ReplicaRecord]]:
+        result: SqlResult = yield Query(
+            "replica_list", {"namespace": namespace, "gone_within_us": gone_within_us}
+        )
+        return rows_to_replicas(namespace, result.rows)
+
+    def replica_leave(self, namespace: str, replica_id: str) -> Operation[bool]:
+        result: SqlResult = yield Query(
+            "replica_leave", {"namespace": namespace, "replica_id": replica_id}
+        )
+        return bool(result.rows) or result.rowcount > 0

@@ -8,9 +8,12 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from fleetcron.models import (
+    REPLICA_RETAIN_US,
     ClaimResult,
     JobRecord,
     LeaseRecord,
+    ReplicaInfo,
+    ReplicaRecord,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -22,6 +25,7 @@ from fleetcron.stores.base import (
     conflict_answer,
     rows_to_jobs,
     rows_to_records,
+    rows_to_replicas,
     rows_to_runs,
 )
 from fleetcron.stores.ledger import (
@@ -31,7 +35,7 @@ from fleetcron.stores.ledger import (
     new_job,
     recorded_run,
 )
-from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
+from fleetcron.stores.sql.operations import SqlLedger, SqlOperations, replica_params
 from fleetcron.stores.statements import Query
 
 __all__ = ["SqliteOperations"]
@@ -228,3 +232,18 @@ class SqliteOperations(SqlOperations, SqlLedger):
             )
             befores.append(before)
         return befores
+
+    # -- replica heartbeats ----------------------------------------------------------------
+    def replica_beat(
+        self,
+        namespace: str,
+        replica: ReplicaInfo,
+        ttl_us: int,
+        retain_us: int = REPLICA_RETAIN_US,
+    ) -> Operation[ReplicaRecord]:
+        now = yield from self._now()
+        params = {**replica_params(namespace, replica, ttl_us, retain_us), "now": now}
+        yield Query("replica_prune", params)
+        result: SqlResult = yield Query("replica_put", params)
+        (record,) = rows_to_replicas(namespace, result.rows)
+        return record

@@ -450,3 +450,47 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_u
                               job VARCHAR(800) CHARACTER SET utf8mb4 PATH '$')) AS k))
  ORDER BY slot_us, job
  LIMIT %(limit)s;
+
+-- ---------------------------------------------------------------------------------------
+-- Replica heartbeats (docs/design/replicas.md). Rows are (replica_id, host, pid, version,
+-- mode, jobs_fingerprint, started_us, last_seen_us, expires_us, now_us).
+
+-- name: replica_beat
+-- One transaction at one clock reading: delete up to prune_limit other rows of the
+-- namespace that expired more than retain_us ago, upsert this replica's row (started_us
+-- kept when it exists), and read it back.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+DELETE FROM fleetcron_replica
+ WHERE namespace = %(namespace)s AND replica_id <> %(replica_id)s
+   AND expires_us < @fc_now - %(retain_us)s
+ ORDER BY expires_us
+ LIMIT %(prune_limit)s;
+INSERT INTO fleetcron_replica
+    (namespace, replica_id, host, pid, version, mode, jobs_fingerprint, started_us,
+     last_seen_us, expires_us)
+VALUES (%(namespace)s, %(replica_id)s, %(host)s, %(pid)s, %(version)s, %(mode)s,
+        %(jobs_fingerprint)s, @fc_now, @fc_now, @fc_now + %(ttl_us)s)
+ON DUPLICATE KEY UPDATE
+   host = %(host)s, pid = %(pid)s, version = %(version)s, mode = %(mode)s,
+   jobs_fingerprint = %(jobs_fingerprint)s, last_seen_us = @fc_now,
+   expires_us = @fc_now + %(ttl_us)s;
+SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
+       expires_us, @fc_now
+  FROM fleetcron_replica
+ WHERE namespace = %(namespace)s AND replica_id = %(replica_id)s;
+COMMIT;
+
+-- name: replica_list
+-- Live rows, and those gone (expired) within gone_within_us.
+SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
+       expires_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_replica
+ WHERE namespace = %(namespace)s
+   AND expires_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+                    - %(gone_within_us)s
+ ORDER BY replica_id;
+
+-- name: replica_leave
+DELETE FROM fleetcron_replica
+ WHERE namespace = %(namespace)s AND replica_id = %(replica_id)s;

@@ -283,3 +283,47 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
         OR job IN (SELECT jsonb_array_elements_text(%(jobs)s::jsonb)))
  ORDER BY slot_us, job COLLATE "C"
  LIMIT %(limit)s;
+
+-- ---------------------------------------------------------------------------------------
+-- Replica heartbeats (docs/design/replicas.md). Rows are (replica_id, host, pid, version,
+-- mode, jobs_fingerprint, started_us, last_seen_us, expires_us, now_us).
+
+-- name: replica_beat
+-- One statement: delete up to prune_limit other rows of the namespace that expired more
+-- than retain_us ago, and upsert this replica's row (started_us kept when it exists). The
+-- DELETE never touches this replica's row, so the two never meet.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+pruned AS (
+    DELETE FROM fleetcron_replica AS r
+     WHERE r.namespace = %(namespace)s
+       AND r.replica_id IN (
+           SELECT o.replica_id FROM fleetcron_replica AS o, now
+            WHERE o.namespace = %(namespace)s AND o.replica_id <> %(replica_id)s
+              AND o.expires_us < now.us - %(retain_us)s
+            LIMIT %(prune_limit)s)
+)
+INSERT INTO fleetcron_replica AS r
+    (namespace, replica_id, host, pid, version, mode, jobs_fingerprint, started_us,
+     last_seen_us, expires_us)
+SELECT %(namespace)s, %(replica_id)s, %(host)s, %(pid)s, %(version)s, %(mode)s,
+       %(jobs_fingerprint)s, now.us, now.us, now.us + %(ttl_us)s
+  FROM now
+ON CONFLICT (namespace, replica_id) DO UPDATE
+   SET host = excluded.host, pid = excluded.pid, version = excluded.version,
+       mode = excluded.mode, jobs_fingerprint = excluded.jobs_fingerprint,
+       last_seen_us = excluded.last_seen_us, expires_us = excluded.expires_us
+RETURNING r.replica_id, r.host, r.pid, r.version, r.mode, r.jobs_fingerprint, r.started_us,
+          r.last_seen_us, r.expires_us, r.last_seen_us;
+
+-- name: replica_list
+-- Live rows, and those gone (expired) within gone_within_us.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
+SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
+       expires_us, now.us
+  FROM fleetcron_replica, now
+ WHERE namespace = %(namespace)s AND expires_us > now.us - %(gone_within_us)s
+ ORDER BY replica_id COLLATE "C";
+
+-- name: replica_leave
+DELETE FROM fleetcron_replica
+ WHERE namespace = %(namespace)s AND replica_id = %(replica_id)s;

@@ -225,3 +225,42 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
    AND (:jobs IS NULL OR job IN (SELECT value FROM json_each(:jobs)))
  ORDER BY slot_us, job
  LIMIT :limit;
+
+-- Replica heartbeats (docs/design/replicas.md). Rows are (replica_id, host, pid, version,
+-- mode, jobs_fingerprint, started_us, last_seen_us, expires_us, now_us). A beat is
+-- replica_prune then replica_put, in one transaction, at one store_now.
+
+-- name: replica_prune
+DELETE FROM fleetcron_replica
+ WHERE namespace = :namespace
+   AND replica_id IN (
+       SELECT replica_id FROM fleetcron_replica
+        WHERE namespace = :namespace AND replica_id <> :replica_id
+          AND expires_us < :now - :retain_us
+        LIMIT :prune_limit);
+
+-- name: replica_put
+INSERT INTO fleetcron_replica
+    (namespace, replica_id, host, pid, version, mode, jobs_fingerprint, started_us,
+     last_seen_us, expires_us)
+VALUES (:namespace, :replica_id, :host, :pid, :version, :mode, :jobs_fingerprint, :now,
+        :now, :now + :ttl_us)
+ON CONFLICT (namespace, replica_id) DO UPDATE
+   SET host = excluded.host, pid = excluded.pid, version = excluded.version,
+       mode = excluded.mode, jobs_fingerprint = excluded.jobs_fingerprint,
+       last_seen_us = excluded.last_seen_us, expires_us = excluded.expires_us
+RETURNING replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
+          expires_us, :now;
+
+-- name: replica_list
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
+       expires_us, t
+  FROM fleetcron_replica, now
+ WHERE namespace = :namespace AND expires_us > t - :gone_within_us
+ ORDER BY replica_id;
+
+-- name: replica_leave
+DELETE FROM fleetcron_replica
+ WHERE namespace = :namespace AND replica_id = :replica_id
+RETURNING 1;

@@ -1,0 +1,178 @@
+"""``fleetcron status [--json] [--check] [JOB...]``: every job's health from the store.
+
+Usable from a plain monitor on any host that reaches the store (Nagios, a Kubernetes
+probe, a cron line): ``--check`` exits 1 when a selected job is overdue, failing or
+stuck, 75 when the store cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TypeVar
+
+from fleetcron.cli.exitcodes import EXIT_UNHEALTHY, EXIT_USAGE
+from fleetcron.durations import format_duration
+from fleetcron.health import JobHealth
+from fleetcron.models import RunRecord, display_holder
+from fleetcron.names import validate_name
+from fleetcron.schedules import iso_utc
+from fleetcron.status import FleetStatus, read_status
+from fleetcron.stores import open_store, resolve_backend
+from fleetcron.terms import resolve_namespace
+
+__all__ = ["add_parser", "job_json", "run", "status_json"]
+
+_Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
+
+
+def add_parser(commands: argparse._SubParsersAction[_Parser], parents: Sequence[_Parser]) -> None:
+    """Declare ``status``."""
+    status = commands.add_parser(
+        "status",
+        parents=list(parents),
+        help="the health of every job: overdue, failing, stuck, running",
+        description="Each job's state from the store's ledger; --check for monitors.",
+    )
+    status.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a job is overdue, failing or stuck (75: store unreachable)",
+    )
+
+
+def _iso(moment_us: int | None) -> str | None:
+    return None if moment_us is None else iso_utc(moment_us)
+
+
+def _run(run: RunRecord | None) -> dict[str, object] | None:
+    if run is None:
+        return None
+    return {
+        "slot": _iso(run.slot_us),
+        "state": run.state,
+        "attempt": run.attempt,
+        "fence": run.fence,
+        "holder": display_holder(run.holder),
+        "started": _iso(run.started_us),
+        "finished": _iso(run.finished_us),
+        "exit_code": run.exit_code,
+        "error": run.error,
+    }
+
+
+def job_json(health: JobHealth) -> dict[str, object]:
+    """One job of ``status --json`` (and of the dashboard's API)."""
+    running = health.running
+    return {
+        "job": health.job,
+        "state": health.state,
+        "healthy": health.healthy,
+        "reasons": list(health.reasons),
+        "schedule": health.schedule,
+        "timezone": health.timezone,
+        "paused": health.paused,
+        "next_slot": _iso(health.next_slot_us),
+        "expected_slot": _iso(health.expected_slot_us),
+        "grace_s": None if health.grace_us is None else health.grace_us / 1e6,
+        "overdue": health.overdue,
+        "failing": health.failing,
+        "stuck": health.stuck,
+        "starved": health.starved,
+        "last_run": _run(health.last_run),
+        "last_success": _iso(health.last_success_us),
+        "last_failure": _iso(health.last_failure_us),
+        "running": _run(running),
+        "holder": display_holder(running.holder) if running is not None else None,
+        "lease_age_s": None if health.lease_age_us is None else health.lease_age_us / 1e6,
+        "lock_at_most_s": None if health.lock_at_most_us is None else health.lock_at_most_us / 1e6,
+        "stuck_after_s": None if health.stuck_after_us is None else health.stuck_after_us / 1e6,
+        "p95_duration_s": None if health.p95_duration_us is None else health.p95_duration_us / 1e6,
+    }
+
+
+def status_json(status: FleetStatus) -> dict[str, object]:
+    """The whole of ``status --json``."""
+    leader = status.leader
+    return {
+        "namespace": status.namespace,
+        "now": _iso(status.now_us),
+        "healthy": not status.unhealthy,
+        "leader": None
+        if leader is None
+        else {
+            "holder": leader.holder_display,
+            "fence": leader.fence,
+            "since": _iso(leader.acquired_us),
+        },
+        "jobs": [job_json(health) for health in status.jobs],
+    }
+
+
+def _ago(moment_us: int | None, now_us: int) -> str:
+    if moment_us is None:
+        return "-"
+    seconds = max(0, now_us - moment_us) // 1_000_000
+    return f"{format_duration(seconds * 1_000_000)} ago"
+
+
+def _table(status: FleetStatus) -> list[str]:
+    header = ("JOB", "STATE", "SCHEDULE", "NEXT", "LAST RUN", "LAST SUCCESS", "HOLDER", "AGE")
+    rows = [header]
+    for health in status.jobs:
+        last = health.last_run
+        last_text = "-" if last is None else f"{_iso(last.slot_us)} {last.state}"
+        running = health.running
+        rows.append(
+            (
+                health.job,
+                health.state,
+                health.schedule,
+                _iso(health.next_slot_us) or "-",
+                last_text,
+                _ago(health.last_success_us, status.now_us),
+                display_holder(running.holder) if running is not None else "-",
+                format_duration(health.lease_age_us // 1_000_000 * 1_000_000)
+                if health.lease_age_us is not None
+                else "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    lines += [f"{h.job}: {h.state}: {'; '.join(h.reasons)}" for h in status.unhealthy]
+    if status.leader is not None:
+        lines.append(f"leader: {status.leader.holder_display} (fence {status.leader.fence})")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the status; with ``--check``, the exit status says whether all is well."""
+    jobs = [validate_name(job, what="job name") for job in args.jobs]
+    namespace = resolve_namespace(getattr(args, "namespace", None))
+    store = open_store(resolve_backend(getattr(args, "backend", None)))
+    try:
+        status = store.run(read_status(store.ops, namespace, jobs or None))
+    finally:
+        store.close()
+    if status.unknown_jobs:
+        listed = ", ".join(status.unknown_jobs)
+        print(  # noqa: T201
+            f"fleetcron: error: no job named {listed} in namespace {namespace!r}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(status_json(status), indent=2))  # noqa: T201
+    elif not status.jobs:
+        print(f"no jobs in namespace {namespace!r} (--namespace chooses another)")  # noqa: T201
+    else:
+        print("\n".join(_table(status)))  # noqa: T201
+    if args.check and status.unhealthy:
+        return EXIT_UNHEALTHY
+    return 0

@@ -1,0 +1,284 @@
+"""A job's health, computed from the store alone: the dead man's switch.
+
+Nothing here asks a replica how it is doing. Whether a job is *overdue* is decided from
+its row in the store and its ledger, at the store's clock, so the verdict is the same
+whether every replica skipped the slot, the store was down when it fell, the job keeps
+failing, or no replica runs at all — and a plain monitor on another host
+(``fleetcron status --check``) reaches it without the jobs file.
+
+The rules (docs/operations.md):
+
+- **expected slot**: the latest slot ``s`` whose grace has passed (``s + grace <= now``)
+  and that falls after the job was first seen (its registration, or its oldest ledger
+  row). ``grace`` is the job's ``grace``; by default the gap to the slot after ``s``,
+  at least one minute.
+- **overdue**: there is an expected slot and no run succeeded since it (``last success <
+  s``).
+- **failing**: the latest outcome is a failure (``failed``/``lost``) not followed by a
+  success.
+- **stuck**: a run holds the slot longer than ``stuck_after`` — set per job, or by default
+  three times the 95th percentile of the job's recent successful durations (at least five
+  of them, and at least a minute more than the percentile).
+- **starved**: the job's latest slots (three or more) were all skipped because a previous
+  run still held it.
+- **state**, the one word a table shows: ``paused`` > ``overdue`` > ``stuck`` >
+  ``failing`` > ``running`` > ``ok``; ``unknown`` for a job whose schedule the store does
+  not hold.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fleetcron.errors import ConfigurationError
+from fleetcron.models import JobRecord, RunRecord
+from fleetcron.schedules import Schedule, iso_utc, schedule_from_definition
+
+__all__ = [
+    "MIN_GRACE_US",
+    "STATES",
+    "JobHealth",
+    "JobState",
+    "assess",
+    "expected_slot",
+    "unhealthy",
+]
+
+JobState = Literal["ok", "running", "overdue", "failing", "stuck", "paused", "unknown"]
+STATES: tuple[JobState, ...] = ("ok", "running", "overdue", "failing", "stuck", "paused", "unknown")
+UNHEALTHY: frozenset[JobState] = frozenset({"overdue", "failing", "stuck"})
+
+MIN_GRACE_US = 60_000_000  # a default grace is never shorter than a minute
+STUCK_FACTOR = 3
+STUCK_MARGIN_US = 60_000_000
+STUCK_SAMPLES = 5  # successful runs needed before a percentile means anything
+STARVED_SLOTS = 3
+_PREVIOUS_RUNNING = "previous run still running"
+_STEPS = 64  # slots walked back looking for one whose default grace has passed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobHealth:
+    """What the store says about one job, at its clock (``now_us``). Times are µs since
+    the epoch on the store's clock; durations are µs."""
+
+    job: str
+    state: JobState
+    schedule: str  # e.g. "cron '*/5 * * * *' in Europe/Berlin"
+    timezone: str | None
+    paused: bool
+    next_slot_us: int | None
+    expected_slot_us: int | None
+    grace_us: int | None
+    overdue: bool
+    failing: bool
+    stuck: bool
+    starved: bool
+    running: RunRecord | None
+    last_run: RunRecord | None  # the newest slot with an outcome or a run in progress
+    last_success_us: int | None
+    last_failure_us: int | None
+    lock_at_most_us: int | None
+    stuck_after_us: int | None
+    p95_duration_us: int | None
+    durations_us: tuple[int, ...]  # recent successful run durations, oldest first
+    reasons: tuple[str, ...]  # why the state is what it is, one line each
+    now_us: int
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        """Neither overdue, failing nor stuck (paused counts as healthy)."""
+        return self.state not in UNHEALTHY
+
+    @property
+    def lease_age_us(self) -> int | None:
+        """How long the run in progress has held its slot."""
+        if self.running is None or self.running.started_us is None:
+            return None
+        return self.now_us - self.running.started_us
+
+
+def unhealthy(states: Sequence[JobHealth]) -> list[JobHealth]:
+    """The jobs ``status --check`` fails on."""
+    return [health for health in states if not health.healthy]
+
+
+def _grace(schedule: Schedule, slot_us: int, grace_us: int | None) -> int:
+    if grace_us is not None:
+        return grace_us
+    following = schedule.next_after(slot_us)
+    interval = following - slot_us if following is not None else 0
+    return max(interval, MIN_GRACE_US)
+
+
+def expected_slot(
+    schedule: Schedule, grace_us: int | None, now_us: int, since_us: int
+) -> int | None:
+    """The latest slot after ``since_us`` whose grace has passed at ``now_us``, if any."""
+    moment = now_us - (grace_us if grace_us is not None else MIN_GRACE_US)
+    for _ in range(_STEPS):
+        slot = schedule.at_or_before(moment)
+        if slot is None or slot <= since_us:
+            return None
+        if slot + _grace(schedule, slot, grace_us) <= now_us:
+            return slot
+        moment = slot - 1
+    return None
+
+
+def _p95(values: Sequence[int]) -> int | None:
+    if len(values) < STUCK_SAMPLES:
+        return None
+    ordered = sorted(values)
+    index = max(0, -(-95 * len(ordered) // 100) - 1)  # nearest rank
+    return ordered[index]
+
+
+def _durations(runs: Sequence[RunRecord]) -> list[int]:
+    return [
+        run.finished_us - run.started_us
+        for run in reversed(runs)
+        if run.state == "succeeded" and run.finished_us is not None and run.started_us is not None
+    ]
+
+
+def _starved(runs: Sequence[RunRecord]) -> bool:
+    settled = [run for run in runs if run.state not in ("queued", "running")]
+    latest = settled[:STARVED_SLOTS]
+    return len(latest) == STARVED_SLOTS and all(
+        run.state == "skipped" and _PREVIOUS_RUNNING in (run.error or "") for run in latest
+    )
+
+
+def assess(job: JobRecord, runs: Sequence[RunRecord]) -> JobHealth:
+    """The health of ``job`` from its row and its recent ledger rows (newest first, as
+    ``run_list`` returns them), at the store's clock of the row."""
+    now = job.now_us
+    try:
+        definition = json.loads(job.definition or "{}")
+        schedule = schedule_from_definition(definition["schedule"])
+    except (ValueError, KeyError, TypeError, ConfigurationError):
+        return _unknown(job, runs)
+    grace = _int(definition.get("grace_us"))
+    lock_at_most = _int(definition.get("lock_at_most_us"))
+    evidence = [job.updated_us, job.high_water_us, job.last_success_us, job.last_failure_us]
+    evidence += [run.slot_us for run in runs[-1:]]
+    since = min(value for value in evidence if value is not None)
+
+    expected = expected_slot(schedule, grace, now, since) if not job.paused else None
+    overdue = expected is not None and (
+        job.last_success_us is None or job.last_success_us < expected
+    )
+    failing = job.last_failure_us is not None and (
+        job.last_success_us is None or job.last_failure_us > job.last_success_us
+    )
+    running = next(
+        (r for r in runs if r.state == "running" and (r.expires_us or 0) > now),
+        None,
+    )
+    durations = _durations(runs)
+    p95 = _p95(durations)
+    stuck_after = _int(definition.get("stuck_after_us"))
+    if stuck_after is None and p95 is not None:
+        stuck_after = max(STUCK_FACTOR * p95, p95 + STUCK_MARGIN_US)
+    age = now - running.started_us if running is not None and running.started_us else None
+    stuck = age is not None and stuck_after is not None and age > stuck_after
+    starved = _starved(runs)
+
+    reasons: list[str] = []
+    if job.paused:
+        reasons.append("paused")
+    if overdue:
+        assert expected is not None
+        reasons.append(
+            f"no success since the slot of {iso_utc(expected)} (due by "
+            f"{iso_utc(expected + _grace(schedule, expected, grace))})"
+        )
+    if stuck:
+        assert age is not None
+        assert stuck_after is not None
+        reasons.append(
+            f"a run has held the slot {age // 1_000_000}s, over {stuck_after // 1_000_000}s"
+        )
+    if failing:
+        reasons.append("the latest outcome is a failure")
+    if starved:
+        reasons.append(f"the last {STARVED_SLOTS} slots were skipped: a previous run still ran")
+
+    state: JobState
+    if job.paused:
+        state = "paused"
+    elif overdue:
+        state = "overdue"
+    elif stuck:
+        state = "stuck"
+    elif failing:
+        state = "failing"
+    elif running is not None:
+        state = "running"
+    else:
+        state = "ok"
+    return JobHealth(
+        job=job.job,
+        state=state,
+        schedule=schedule.describe(),
+        timezone=str(definition.get("timezone") or "") or None,
+        paused=job.paused,
+        next_slot_us=schedule.next_after(now),
+        expected_slot_us=expected,
+        grace_us=_grace(schedule, expected, grace) if expected is not None else grace,
+        overdue=overdue,
+        failing=failing,
+        stuck=stuck,
+        starved=starved,
+        running=running,
+        last_run=next((r for r in runs if r.state not in ("queued",)), None),
+        last_success_us=job.last_success_us,
+        last_failure_us=job.last_failure_us,
+        lock_at_most_us=lock_at_most,
+        stuck_after_us=stuck_after,
+        p95_duration_us=p95,
+        durations_us=tuple(durations),
+        reasons=tuple(reasons),
+        now_us=now,
+    )
+
+
+def _unknown(job: JobRecord, runs: Sequence[RunRecord]) -> JobHealth:
+    """A job row without a readable definition (made by ``fleetcron exec --schedule``, or
+    by a newer version): its schedule is not known here, so neither is its due time."""
+    failing = job.last_failure_us is not None and (
+        job.last_success_us is None or job.last_failure_us > job.last_success_us
+    )
+    return JobHealth(
+        job=job.job,
+        state="paused" if job.paused else "failing" if failing else "unknown",
+        schedule="-",
+        timezone=None,
+        paused=job.paused,
+        next_slot_us=None,
+        expected_slot_us=None,
+        grace_us=None,
+        overdue=False,
+        failing=failing,
+        stuck=False,
+        starved=_starved(runs),
+        running=next((r for r in runs if r.state == "running"), None),
+        last_run=next((r for r in runs if r.state != "queued"), None),
+        last_success_us=job.last_success_us,
+        last_failure_us=job.last_failure_us,
+        lock_at_most_us=None,
+        stuck_after_us=None,
+        p95_duration_us=_p95(_durations(runs)),
+        durations_us=tuple(_durations(runs)),
+        reasons=("no schedule registered for this job (fleetcron exec, or another version)",),
+        now_us=job.now_us,
+    )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
