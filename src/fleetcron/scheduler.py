@@ -34,7 +34,12 @@ from fleetcron.metrics import InstrumentedStore, Metrics, skip_reason
 from fleetcron.models import ClaimResult, DefinitionConflict, JobRecord, RunRecord, SlotClaim
 from fleetcron.schedules import AtSchedule, iso_utc
 from fleetcron.scheduling.definitions import Definitions
-from fleetcron.scheduling.heartbeat import DEFAULT_HEARTBEAT_S, Heartbeat, replica_info
+from fleetcron.scheduling.heartbeat import (
+    DEFAULT_HEARTBEAT_S,
+    Heartbeat,
+    jobs_fingerprint,
+    replica_info,
+)
 from fleetcron.scheduling.leadership import LEADER_LEASE, Elector
 from fleetcron.scheduling.monitor import DEFAULT_MONITOR_S, Monitor
 from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT as _MISSED_RECORD_LIMIT
@@ -54,6 +59,7 @@ __all__ = [
     "LEADER_LEASE",
     "AsyncScheduler",
     "DefinitionConflict",
+    "Reload",
     "SchedulerOptions",
     "StoreOutage",
 ]
@@ -80,6 +86,15 @@ class SchedulerOptions:
     backend_url: str | None = None
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     monitor_s: float = DEFAULT_MONITOR_S
+
+
+@dataclass(frozen=True, slots=True)
+class Reload:
+    """What :meth:`AsyncScheduler.reload` changed, by job name."""
+
+    added: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
 
 
 @dataclass
@@ -130,6 +145,7 @@ class AsyncScheduler:
         self._offset_us = 0
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
+        self._reloading = asyncio.Lock()  # a reload never lands in the middle of a pass
         self.outage = StoreOutage()
         self.definitions = Definitions({spec.name: spec.fingerprint() for spec in jobs})
         self.recovery = Recovery(store, options.namespace, self.specs)
@@ -225,6 +241,57 @@ class AsyncScheduler:
             finally:
                 await self.heartbeat.leave()
 
+    async def reload(self, jobs: Sequence[JobSpec]) -> Reload:
+        """Take a new set of job definitions while running (``fleetcron run`` on SIGHUP).
+
+        Added jobs are registered and planned; changed ones are registered again (their
+        progress is the store's, so no slot runs twice) and planned with the new
+        definition; removed ones are no longer claimed — their runs in progress finish.
+        Applied between two scheduling passes; the store errors of the registration
+        propagate, leaving the previous set in place for the jobs not yet registered."""
+        new = {spec.name: spec for spec in jobs}
+        fingerprints = {name: spec.fingerprint() for name, spec in new.items()}
+        local = self.definitions.local
+        change = Reload(
+            added=tuple(sorted(set(new) - set(self.specs))),
+            changed=tuple(
+                sorted(n for n in new if n in self.specs and fingerprints[n] != local[n])
+            ),
+            removed=tuple(sorted(set(self.specs) - set(new))),
+        )
+        async with self._reloading:
+            for name in change.removed:
+                del self.specs[name]
+                self._jobs.pop(name, None)
+                local.pop(name, None)
+                self.definitions.conflicts.pop(name, None)
+                self.definitions.replaced.pop(name, None)
+            self._pending = deque(c for c in self._pending if c.job in new)
+            fresh = [new[name] for name in (*change.added, *change.changed)]
+            for spec in fresh:
+                self.specs[spec.name] = spec
+                local[spec.name] = fingerprints[spec.name]
+                if self.metrics is not None:
+                    self.metrics.job_defined(spec.name, spec.lock_at_most_us)
+            if fresh:
+                await self._register(fresh)
+            self.heartbeat.info = replace(
+                self.heartbeat.info, jobs_fingerprint=jobs_fingerprint(local)
+            )
+        log.warning(
+            "jobs reloaded: %d added, %d changed, %d removed",
+            len(change.added),
+            len(change.changed),
+            len(change.removed),
+            extra={
+                "action": "jobs_reloaded",
+                "added": ",".join(change.added),
+                "changed": ",".join(change.changed),
+                "removed": ",".join(change.removed),
+            },
+        )
+        return change
+
     # -- set-up --------------------------------------------------------------------------
     async def _sync_clock(self) -> int:
         """Read the store's clock; every decision of a tick is made on that reading."""
@@ -241,10 +308,10 @@ class AsyncScheduler:
         the monotonic clock, so a step of this host's wall clock cannot move it."""
         return self.clock.monotonic_us() + self._offset_us
 
-    async def _register(self) -> None:
+    async def _register(self, specs: list[JobSpec] | None = None) -> None:
         ns = self.options.namespace
         store_now = await self._sync_clock()
-        specs = list(self.specs.values())
+        specs = list(self.specs.values()) if specs is None else specs
         # Each replica registers in its own order, in batches (one round trip each), so
         # replicas starting together do not queue on the same job rows.
         random.shuffle(specs)
@@ -343,7 +410,8 @@ class AsyncScheduler:
         loop = asyncio.get_running_loop()
         while not until.is_set() and not self._stop.is_set():
             try:
-                await self._tick(loop.time())
+                async with self._reloading:
+                    await self._tick(loop.time())
                 self.outage.ended(loop.time())
             except StoreError as exc:
                 self.outage.failed(exc, loop.time())
@@ -379,7 +447,10 @@ class AsyncScheduler:
         # host's clock, which may be wrong (a replica whose clock ran ahead must not record
         # future slots as missed or skipped for the whole fleet).
         now = await self._sync_clock()
-        due = [self._jobs[name] for name in self._due.pop_due(now)]
+        # A job can be in the heap twice after a reload changed it, or no longer planned
+        # after one removed it: each planned job is collected once.
+        names = dict.fromkeys(self._due.pop_due(now))
+        due = [self._jobs[name] for name in names if name in self._jobs]
         # Every replica collects the same slots at the same moment: each one queues the
         # jobs in its own random order (a job's slots stay in order), so their first
         # claims land on different jobs instead of all queueing on the same job leases.

@@ -703,3 +703,38 @@ async def test_a_one_time_job_whose_moment_passed_before_it_was_scheduled_is_sai
     assert [getattr(r, "job", None) for r in said] == ["once-past"]
     assert "2020-01-01T00:00:00Z" in said[0].getMessage()
     assert ledger(store, "once-past") == []
+
+
+async def test_a_reload_adds_changes_and_removes_jobs_while_running() -> None:
+    store = MemoryStore()
+    keep = spec("keep", lambda ctx: None)
+    gone = spec("gone", lambda ctx: None)
+    options = SchedulerOptions(namespace=NS, shutdown_grace_s=1.0, kill_grace_s=0.5)
+    scheduler = AsyncScheduler(AsyncMemoryStore(store), [keep, gone], options)
+
+    def succeeded(job: str) -> int:
+        return sum(1 for r in ledger(store, job) if r.state == "succeeded")
+
+    task = asyncio.create_task(scheduler.run())
+    try:
+        await until_signalled(
+            [scheduler], lambda: succeeded("keep") >= 1 and succeeded("gone") >= 1
+        )
+        changed = spec("keep", lambda ctx: None, every="300ms")
+        added = spec("new", lambda ctx: None)
+        change = await scheduler.reload([changed, added])
+        assert (change.added, change.changed, change.removed) == (("new",), ("keep",), ("gone",))
+        gone_runs = len(ledger(store, "gone"))
+        keep_runs = succeeded("keep")
+        await until_signalled(
+            [scheduler], lambda: succeeded("new") >= 2 and succeeded("keep") >= keep_runs + 2
+        )
+        assert len(ledger(store, "gone")) == gone_runs, "a removed job was still claimed"
+        stored = {job.job: job for job in store.run(store.ops.job_list(NS))}
+        assert stored["keep"].fingerprint == changed.fingerprint()
+        assert scheduler.heartbeat.info.jobs_fingerprint != ""
+    finally:
+        scheduler.stop()
+        await task
+    slots = [r.slot_us for r in ledger(store, "keep") if r.slot_us > 0]
+    assert len(slots) == len(set(slots)), "a slot ran twice"

@@ -16,8 +16,8 @@ from prometheus_client import start_http_server
 
 from fleetcron._log import log
 from fleetcron.durations import format_duration
-from fleetcron.errors import ConfigurationError
-from fleetcron.jobsfile import load_jobs_file
+from fleetcron.errors import ConfigurationError, StoreError
+from fleetcron.jobsfile import JobsFile, load_jobs_file
 from fleetcron.metrics import Metrics
 from fleetcron.models import RunRecord, micros_to_datetime
 from fleetcron.names import validate_name, validate_namespace
@@ -177,6 +177,14 @@ def run_run(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, scheduler.stop)
+            reloads: set[asyncio.Task[None]] = set()
+
+            def on_hangup() -> None:
+                task = loop.create_task(reload_jobs(scheduler, jobs_file))
+                reloads.add(task)
+                task.add_done_callback(reloads.discard)
+
+            loop.add_signal_handler(signal.SIGHUP, on_hangup)
             await scheduler.run()
         finally:
             await store.close()
@@ -188,6 +196,39 @@ def run_run(args: argparse.Namespace) -> int:
             server.shutdown()
             server.server_close()
     return 0
+
+
+async def reload_jobs(scheduler: AsyncScheduler, loaded: JobsFile) -> None:
+    """SIGHUP: read the jobs file again and hand the jobs to the running scheduler. A file
+    that does not load is refused with its message, and the jobs in place keep running;
+    settings that need a restart (backend, namespace, mode) are said, not applied."""
+    assert loaded.path is not None
+    try:
+        fresh = await asyncio.to_thread(load_jobs_file, str(loaded.path))
+        if not fresh.jobs:
+            raise ConfigurationError(f"{loaded.path}: no jobs defined ([jobs.NAME] tables)")
+    except ConfigurationError as exc:
+        log.error(
+            "reload refused, the jobs in place keep running: %s",
+            exc.message,
+            extra={"action": "jobs_reload_refused"},
+        )
+        return
+    for key in ("backend", "namespace", "mode"):
+        if getattr(fresh, key) != getattr(loaded, key):
+            log.warning(
+                "reload: the jobs file's %s changed; it takes effect at the next start",
+                key,
+                extra={"action": "jobs_reload_partial", "setting": key},
+            )
+    try:
+        await scheduler.reload(fresh.jobs)
+    except StoreError as exc:
+        log.error(
+            "reload could not register the jobs (%s); the next SIGHUP tries again",
+            exc,
+            extra={"action": "jobs_reload_refused"},
+        )
 
 
 def _iso(micros: int | None) -> str:
