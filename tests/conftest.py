@@ -15,6 +15,8 @@ import pytest
 
 from services import BACKENDS, require_service
 
+pytest_plugins = ["pgbouncer_server"]  # the pgbouncer fixture
+
 
 @pytest.fixture
 def namespace() -> str:

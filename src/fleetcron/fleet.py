@@ -30,6 +30,13 @@ from fleetcron.names import validate_name
 from fleetcron.portal import Portal
 from fleetcron.registry import JobRegistry
 from fleetcron.scheduler import AsyncScheduler
+from fleetcron.scheduling.retention import (
+    OrphanJob,
+    prune_jobs_plan,
+    prune_runs_plan,
+    run_plan,
+    run_plan_async,
+)
 from fleetcron.status import FleetStatus, read_status
 from fleetcron.stores import (
     AsyncStore,
@@ -344,6 +351,51 @@ class Fleet(JobRegistry):
         micros = older_than_us(older_than)
         return self.store.run(self.store.ops.lease_prune(self.namespace, micros, dry_run))
 
+    def prune_runs(
+        self,
+        *,
+        older_than: DurationLike | None = None,
+        keep: int | None = None,
+        job: str | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, int]:
+        """Apply retention now: delete each job's finished runs that finished more than
+        its rule's age ago and are not among its newest ``keep`` (runs queued, running or
+        waiting for a retry always stay). The rule is each job's as its replicas
+        registered it (``retention``, ``retention_keep``; else 30 days and 100);
+        ``older_than`` and ``keep`` replace those parts for every job. ``job``: that job
+        only (a :class:`ConfigurationError` when the store does not know it).
+
+        Rows go in bounded batches, one short store operation each. Returns the rows
+        deleted per job — with ``dry_run``, those that would be, deleting nothing (counted
+        up to :data:`~fleetcron.scheduling.retention.COUNT_LIMIT` per job: a job at that
+        count has at least that many); jobs with none are left out."""
+        plan = prune_runs_plan(
+            self.store.ops,
+            self.namespace,
+            older_than=older_than,
+            keep=keep,
+            job=job,
+            dry_run=dry_run,
+        )
+        return run_plan(plan, self.store)
+
+    def prune_jobs(
+        self, older_than: DurationLike = "7d", *, dry_run: bool = False
+    ) -> list[OrphanJob]:
+        """Forget jobs no replica defines any more: delete the job rows of this namespace
+        that nobody registered, claimed or finished for ``older_than`` (default 7 days),
+        each with its finished run rows. A job with a queued or running run is kept
+        (``deleted`` false). Returns every idle job found, by name; with ``dry_run``,
+        what would be deleted, deleting nothing.
+
+        A replica that still defines a job, has not restarted since, and whose schedule
+        fires less often than ``older_than`` looks the same: check with ``dry_run``."""
+        plan = prune_jobs_plan(
+            self.store.ops, self.namespace, older_than_us(older_than), dry_run=dry_run
+        )
+        return run_plan(plan, self.store)
+
     def _keepalives(self) -> Portal:
         """The portal the keepalives of this fleet's leases run on (started on first use)."""
         with self._portal_lock:
@@ -524,6 +576,34 @@ class AsyncFleet(JobRegistry):
         """Async :meth:`Fleet.prune`."""
         micros = older_than_us(older_than)
         return await self.store.run(self.store.ops.lease_prune(self.namespace, micros, dry_run))
+
+    async def prune_runs(
+        self,
+        *,
+        older_than: DurationLike | None = None,
+        keep: int | None = None,
+        job: str | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, int]:
+        """Async :meth:`Fleet.prune_runs`."""
+        plan = prune_runs_plan(
+            self.store.ops,
+            self.namespace,
+            older_than=older_than,
+            keep=keep,
+            job=job,
+            dry_run=dry_run,
+        )
+        return await run_plan_async(plan, self.store)
+
+    async def prune_jobs(
+        self, older_than: DurationLike = "7d", *, dry_run: bool = False
+    ) -> list[OrphanJob]:
+        """Async :meth:`Fleet.prune_jobs`."""
+        plan = prune_jobs_plan(
+            self.store.ops, self.namespace, older_than_us(older_than), dry_run=dry_run
+        )
+        return await run_plan_async(plan, self.store)
 
     async def runs(self, job: str | None = None, *, limit: int = 50) -> list[RunRecord]:
         """Async :meth:`Fleet.runs`."""

@@ -6,6 +6,8 @@ A jobs file has an optional ``[fleetcron]`` table and one ``[jobs.NAME]`` table 
     backend = "postgresql://app@db/app"   # optional; CLI flag and $FLEETCRON_BACKEND win
     namespace = "prod"                     # optional
     mode = "claim"                         # optional: claim | leader
+    retention = "30d"                      # optional: every job's, unless it sets its own
+    retention_keep = 100                   # optional: likewise
 
     [jobs.invoice-sweep]
     schedule = "*/5 * * * *"           # or: every = "30s" / at = "2025-01-01T09:00:00+01:00"
@@ -37,6 +39,8 @@ grace          none        overdue (alert) when no success by slot + grace
 ping_url       none        healthchecks-style URL
 keepalive      ``true``    renew the lease while the job runs; false = killed at lock_at_most
 isolate        ``none``    ``process``: run a ``call`` job in a child process, killable
+retention      ``30d``     finished runs older than this are deleted from the ledger…
+retention_keep ``100``     …except the job's newest this many (whatever their age)
 ============== =========== ===========================================================
 
 ``isolate``: a sync ``call`` function runs in a worker thread, which cannot be killed: when
@@ -46,6 +50,16 @@ process of its own, stopped like a command (SIGTERM, then SIGKILL by the lease's
 
 In the file, durations are strings with a unit (``"500ms"``, ``"90s"``, ``"1h30m"``); from
 Python they may also be seconds or a :class:`~datetime.timedelta`.
+
+``retention`` and ``retention_keep`` are two flat keys, not one table, like every other
+pair of related keys (``retries``/``retry_backoff``, ``catchup``/``catchup_window``): a job
+sets either one alone and takes the other from the ``[fleetcron]`` table (or the default),
+with no merge rules for nested tables, and ``@fleet.job(retention="7d",
+retention_keep=10)`` reads the same as the file. Set in ``[fleetcron]``, they are every
+job's unless the job sets its own; a job's value, from either place, is part of its
+definition (so replicas compare it), a job that sets neither keeps the fingerprint it had.
+The replica that watches the namespace applies each job's rule every 10 minutes
+(:mod:`fleetcron.scheduling.retention`); ``fleetcron prune --runs`` applies it by hand.
 
 ``call`` modules are imported when the file is loaded, with the jobs file's directory
 placed first on ``sys.path`` for the duration of the import, so a module next to the jobs
@@ -65,7 +79,7 @@ import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, NoReturn, get_args
 
 from fleetcron.errors import ConfigurationError
 from fleetcron.jobspec import JobBuilder, JobSpec, check_job_name, one_line, unique_jobs
@@ -76,20 +90,26 @@ __all__ = ["MAX_JOBS_FILE_BYTES", "MODES", "JobsFile", "Mode", "load_jobs_file"]
 Mode = Literal["claim", "leader"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 
-_SETTINGS_KEYS = frozenset({"backend", "namespace", "mode"})
+_SETTINGS_KEYS = frozenset({"backend", "namespace", "mode", "retention", "retention_keep"})
+_RETENTION_KEYS = ("retention", "retention_keep")
 MAX_JOBS_FILE_BYTES = 16 * 1_048_576  # far above 10,000 jobs; a runaway file is refused
 _DUPLICATE_JOB = re.compile(r"Cannot declare \('jobs', (['\"])(.*)\1\) twice (\(.*\))")
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobsFile:
-    """A loaded jobs file: the ``[fleetcron]`` settings and the jobs, in file order."""
+    """A loaded jobs file: the ``[fleetcron]`` settings and the jobs, in file order.
+
+    ``retention_us`` and ``retention_keep`` are the table's (``None``: not given); they are
+    already in each job that does not set its own (:attr:`JobSpec.retention`)."""
 
     jobs: tuple[JobSpec, ...]
     path: Path | None = None
     backend: str | None = None
     namespace: str | None = None
     mode: Mode | None = None
+    retention_us: int | None = None
+    retention_keep: int | None = None
 
     def __post_init__(self) -> None:
         unique_jobs(self.jobs, where=str(self.path) if self.path else "jobs")
@@ -102,7 +122,28 @@ class JobsFile:
         raise KeyError(name)
 
 
-def _settings(table: object, where: str) -> tuple[str | None, str | None, Mode | None]:
+@dataclass(frozen=True, kw_only=True)
+class _Settings:
+    backend: str | None
+    namespace: str | None
+    mode: Mode | None
+    retention_us: int | None
+    retention_keep: int | None
+    job_defaults: dict[str, object]  # the table's retention keys as written (validated)
+
+    def job_options(self, options: dict[str, object]) -> dict[str, object]:
+        """A job's options, with the table's retention keys it does not set itself."""
+        return {**self.job_defaults, **options}
+
+
+class _TableChecker(JobBuilder):
+    """The job keys' validation applied to the ``[fleetcron]`` table's job defaults."""
+
+    def fail(self, key: str, problem: str) -> NoReturn:
+        raise ConfigurationError(one_line(f"{self.where}: [fleetcron]: key {key!r}: {problem}"))
+
+
+def _settings(table: object, where: str) -> _Settings:
     if not isinstance(table, dict):
         raise ConfigurationError(f"{where}: 'fleetcron' must be a table ([fleetcron])")
     unknown = sorted(set(table) - _SETTINGS_KEYS)
@@ -133,7 +174,24 @@ def _settings(table: object, where: str) -> tuple[str | None, str | None, Mode |
                 f"{where}: [fleetcron]: key 'mode': unknown value {mode_value!r} "
                 f"(expected one of: {', '.join(MODES)})"
             )
-    return backend, namespace, mode
+    job_defaults = {key: table[key] for key in _RETENTION_KEYS if key in table}
+    checker = _TableChecker(
+        "[fleetcron]",
+        job_defaults,
+        where=where,
+        from_toml=True,
+        base_dir=None,
+        now_us=None,
+    )
+    retention_us, retention_keep = checker.retention()
+    return _Settings(
+        backend=backend,
+        namespace=namespace,
+        mode=mode,
+        retention_us=retention_us,
+        retention_keep=retention_keep,
+        job_defaults=job_defaults,
+    )
 
 
 def _toml_error(where: str, exc: tomllib.TOMLDecodeError) -> str:
@@ -197,7 +255,7 @@ def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
                 f"{where}: unknown top-level key {key!r} "
                 "(expected a [fleetcron] table and [jobs.NAME] tables)"
             )
-    backend, namespace, mode = _settings(document.get("fleetcron", {}), where)
+    settings = _settings(document.get("fleetcron", {}), where)
     jobs_table = document.get("jobs")
     if not isinstance(jobs_table, dict) or not jobs_table:
         raise ConfigurationError(f"{where}: no jobs: add a [jobs.NAME] table per job")
@@ -208,13 +266,20 @@ def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
         if not isinstance(options, dict):
             raise ConfigurationError(f"{where}: job {name!r}: must be a table [jobs.{name}]")
         builder = JobBuilder(
-            checked, options, where=where, from_toml=True, base_dir=base_dir, now_us=now_us
+            checked,
+            settings.job_options(options),
+            where=where,
+            from_toml=True,
+            base_dir=base_dir,
+            now_us=now_us,
         )
         specs.append(builder.build())
     return JobsFile(
         jobs=unique_jobs(specs, where=where),
         path=file,
-        backend=backend,
-        namespace=namespace,
-        mode=mode,
+        backend=settings.backend,
+        namespace=settings.namespace,
+        mode=settings.mode,
+        retention_us=settings.retention_us,
+        retention_keep=settings.retention_keep,
     )

@@ -36,6 +36,7 @@ from fleetcron.schedules import (
 __all__ = [
     "CATCHUP_POLICIES",
     "DEFAULTS",
+    "DEFAULT_RETENTION",
     "ISOLATE_CHOICES",
     "JOB_KEYS",
     "MIN_EVERY_US",
@@ -47,6 +48,7 @@ __all__ = [
     "JobBuilder",
     "JobSpec",
     "Overlap",
+    "Retention",
     "Target",
     "check_job_name",
     "job_spec",
@@ -79,6 +81,8 @@ DEFAULTS: Mapping[str, str | int | bool | None] = MappingProxyType(
         "ping_url": None,
         "keepalive": True,
         "isolate": "none",
+        "retention": None,  # not set: the [fleetcron] table's, else DEFAULT_RETENTION's
+        "retention_keep": None,
     }
 )
 
@@ -117,6 +121,24 @@ class CallTarget:
 Target = CommandTarget | CallTarget
 
 
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long a job's finished runs stay in the run ledger.
+
+    A row is deleted once it finished more than ``older_than_us`` ago *and* is not one of
+    the job's newest ``keep`` finished rows: young rows stay whatever their number, and
+    the newest ``keep`` stay whatever their age. A row still queued, running, or failed
+    with a retry pending is never deleted, and does not count among the ``keep``.
+    """
+
+    older_than_us: int = 30 * 86_400_000_000
+    keep: int = 100
+
+
+DEFAULT_RETENTION = Retention()
+"""30 days, and at least the newest 100 runs of each job."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """One validated job definition. Durations are integer microseconds."""
@@ -139,6 +161,19 @@ class JobSpec:
     ping_url: str | None
     keepalive: bool
     isolate: Isolate = "none"
+    retention_us: int | None = None
+    retention_keep: int | None = None
+
+    @property
+    def retention(self) -> Retention:
+        """The job's retention rule: its ``retention`` and ``retention_keep`` (given for
+        the job, or for every job of its file), each else :data:`DEFAULT_RETENTION`'s."""
+        return Retention(
+            older_than_us=(
+                DEFAULT_RETENTION.older_than_us if self.retention_us is None else self.retention_us
+            ),
+            keep=DEFAULT_RETENTION.keep if self.retention_keep is None else self.retention_keep,
+        )
 
     def definition(self) -> dict[str, object]:
         """The definition as plain JSON-able data (the name excluded): what replicas compare."""
@@ -163,6 +198,8 @@ class JobSpec:
             "keepalive": self.keepalive,
             # Only when set: a job defined before the key existed keeps its fingerprint.
             **({"isolate": self.isolate} if self.isolate != "none" else {}),
+            **({"retention_us": self.retention_us} if self.retention_us is not None else {}),
+            **({"retention_keep": self.retention_keep} if self.retention_keep is not None else {}),
         }
 
     def fingerprint(self) -> str:
@@ -413,6 +450,14 @@ class JobBuilder:
             self.fail("keepalive", f"must be true or false, not {value!r}")
         return value
 
+    def retention(self) -> tuple[int | None, int | None]:
+        """``retention`` (an age, µs) and ``retention_keep`` (a count), each ``None`` when
+        not given."""
+        older = self.duration("retention")
+        if self.value("retention_keep") is None:
+            return older, None
+        return older, self.integer("retention_keep", minimum=0)
+
     def build(self) -> JobSpec:
         unknown = sorted(set(self.options) - JOB_KEYS)
         if unknown:
@@ -438,6 +483,7 @@ class JobBuilder:
         keepalive = self.keepalive()
         ping_url = self.ping_url()
         isolate = self.choice("isolate", ISOLATE_CHOICES)
+        retention, retention_keep = self.retention()
         if isolate == "process" and not isinstance(target, CallTarget):
             self.fail(
                 "isolate",
@@ -497,6 +543,8 @@ class JobBuilder:
             ping_url=ping_url,
             keepalive=keepalive,
             isolate=isolate,
+            retention_us=retention,
+            retention_keep=retention_keep,
         )
 
 

@@ -139,6 +139,7 @@ class Ping:
     ``exit status N``."""
     url: str = field(repr=False)
     body: bytes | None = field(default=None, repr=False)
+    content_type: str = "text/plain; charset=utf-8"
 
     @property
     def method(self) -> str:
@@ -237,7 +238,7 @@ def _try(ping: Ping, timeout_s: float) -> int:
     """Send ``ping`` once; its HTTP status, or an exception (``_Retry`` when worth again)."""
     headers = {"User-Agent": _user_agent()}
     if ping.body is not None:
-        headers["Content-Type"] = "text/plain; charset=utf-8"
+        headers["Content-Type"] = ping.content_type
     request = urllib.request.Request(ping.url, data=ping.body, headers=headers, method=ping.method)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

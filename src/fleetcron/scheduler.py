@@ -51,6 +51,7 @@ from fleetcron.scheduling.planning import (
     plan_slots,
 )
 from fleetcron.scheduling.recovery import RECOVERY_EVERY_S, Recovery
+from fleetcron.scheduling.retention import DEFAULT_RETENTION_S
 from fleetcron.scheduling.supervision import ABANDONED_REASON, Supervisor, SupervisorOptions
 from fleetcron.stores.base import AsyncStore
 
@@ -73,7 +74,9 @@ class SchedulerOptions:
     """How one replica runs. ``concurrency`` caps the runs in flight on this replica;
     ``heartbeat_s`` is how often it records its heartbeat (docs/design/replicas.md);
     ``monitor_s`` how often the replica that watches the namespace's jobs reads their
-    health (:mod:`fleetcron.scheduling.monitor`; 0 turns watching off on this replica)."""
+    health (:mod:`fleetcron.scheduling.monitor`; 0 turns watching off on this replica);
+    ``retention_s`` how often, while it watches, it deletes its jobs' runs past their
+    retention (:mod:`fleetcron.scheduling.retention`; 0: never from this replica)."""
 
     namespace: str
     mode: str = "claim"
@@ -86,6 +89,7 @@ class SchedulerOptions:
     backend_url: str | None = None
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     monitor_s: float = DEFAULT_MONITOR_S
+    retention_s: float = DEFAULT_RETENTION_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +190,9 @@ class AsyncScheduler:
             self.holder,
             every_s=options.monitor_s or DEFAULT_MONITOR_S,
             on_status=metrics.watched if metrics is not None else None,
+            specs=self.specs,
+            retention_s=options.retention_s,
+            clock=clock,
         )
 
     # -- public control ----------------------------------------------------------------

@@ -1,23 +1,45 @@
 """What ``fleetcron status``, the metrics and the dashboard show: one view model, read
-from the store in one operation (so the sync and the async face share it).
+from the store in one operation (so the sync and the async face share it), and its JSON
+shape (``status --json`` and the dashboard's ``/api/status``).
 
-Reading costs one round trip for the job rows, one for the leases and one per selected
-job for its recent ledger rows.
+Reading costs one round trip for the job rows, one for the leases, one for the replicas
+and one per selected job for its recent ledger rows.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleetcron.health import JobHealth, assess
-from fleetcron.models import LeaseRecord
+from fleetcron.models import (
+    FINAL_STATES,
+    REPLICA_RETAIN_US,
+    LeaseRecord,
+    ReplicaRecord,
+    RunRecord,
+    display_holder,
+)
+from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.leadership import LEADER_LEASE
 from fleetcron.stores.base import Operation, Operations
 
-__all__ = ["HISTORY", "FleetStatus", "read_status"]
+__all__ = [
+    "FINGERPRINT_SHOWN",
+    "HISTORY",
+    "FleetStatus",
+    "job_json",
+    "lease_json",
+    "read_status",
+    "replica_json",
+    "run_duration_us",
+    "run_json",
+    "status_json",
+]
 
 HISTORY = 50  # ledger rows read per job: the last run, durations, starvation
+FINGERPRINT_SHOWN = 12  # hex digits of a jobs fingerprint shown to people
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,11 +51,41 @@ class FleetStatus:
     jobs: tuple[JobHealth, ...]
     leader: LeaseRecord | None  # the leader lease while held (leader mode)
     unknown_jobs: tuple[str, ...]  # asked for, but the store has no row of them
+    leases: tuple[LeaseRecord, ...] = ()  # every lease row of the namespace, by name
+    replicas: tuple[ReplicaRecord, ...] = ()  # up, and gone within the retention, by id
 
     @property
     def unhealthy(self) -> tuple[JobHealth, ...]:
         """The jobs ``status --check`` fails on: overdue, failing or stuck."""
         return tuple(health for health in self.jobs if not health.healthy)
+
+    @property
+    def differing_replicas(self) -> frozenset[str]:
+        """The ids of the live replicas whose jobs fingerprint is not the one most live
+        replicas share (every live one when no fingerprint is shared by most): a replica
+        left on another jobs file. Gone replicas run nothing and are not compared."""
+        live = [replica for replica in self.replicas if replica.alive]
+        counts = Counter(replica.jobs_fingerprint for replica in live)
+        if len(counts) < 2:
+            return frozenset()
+        (common, most), (_, second) = counts.most_common(2)
+        shared = common if most > second else None
+        return frozenset(r.replica_id for r in live if r.jobs_fingerprint != shared)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What a reader should know beside the jobs: replicas that run other job
+        definitions than the rest (the store's definition governs; the others run none of
+        those jobs' slots)."""
+        differing = self.differing_replicas
+        live = [replica for replica in self.replicas if replica.alive]
+        return tuple(
+            f"replica {replica.replica_id} runs other job definitions than "
+            f"{sum(r.jobs_fingerprint != replica.jobs_fingerprint for r in live)} other live "
+            f"replica(s) (jobs fingerprint {replica.jobs_fingerprint[:FINGERPRINT_SHOWN]})"
+            for replica in live
+            if replica.replica_id in differing
+        )
 
 
 _ORDER = {"overdue": 0, "stuck": 1, "failing": 2, "unknown": 3, "running": 4, "ok": 5}
@@ -42,9 +94,11 @@ _ORDER = {"overdue": 0, "stuck": 1, "failing": 2, "unknown": 3, "running": 4, "o
 def read_status(
     ops: Operations, namespace: str, jobs: Sequence[str] | None = None, *, history: int = HISTORY
 ) -> Operation[FleetStatus]:
-    """Read the health of ``jobs`` (all when ``None``), worst first."""
+    """Read the health of ``jobs`` (all when ``None``), worst first, with the namespace's
+    leases and its replicas (up, and gone within :data:`REPLICA_RETAIN_US`)."""
     rows = yield from ops.job_list(namespace)
     leases = yield from ops.lease_list(namespace)
+    replicas = yield from ops.replica_list(namespace, REPLICA_RETAIN_US)
     wanted = set(jobs) if jobs is not None else None
     selected = [row for row in rows if wanted is None or row.job in wanted]
     found = {row.job for row in selected}
@@ -53,7 +107,8 @@ def read_status(
         runs = yield from ops.run_list(namespace, row.job, history)
         healths.append(assess(row, runs))
     healths.sort(key=lambda h: (_ORDER.get(h.state, 6), h.job))
-    now = max([row.now_us for row in rows] + [lease.now_us for lease in leases], default=0)
+    clocks = [row.now_us for row in rows] + [lease.now_us for lease in leases]
+    now = max(clocks + [replica.now_us for replica in replicas], default=0)
     if not now:
         now = yield from ops.store_now()
     leader = next((lease for lease in leases if lease.name == LEADER_LEASE and lease.held), None)
@@ -63,4 +118,148 @@ def read_status(
         jobs=tuple(healths),
         leader=leader,
         unknown_jobs=tuple(sorted((wanted or set()) - found)),
+        leases=tuple(leases),
+        replicas=tuple(replicas),
     )
+
+
+# -- the JSON shape: ISO 8601 times, durations in seconds, holders without their token ----
+def _iso(moment_us: int | None) -> str | None:
+    return None if moment_us is None else iso_utc(moment_us)
+
+
+def _seconds(micros: int | None) -> float | None:
+    return None if micros is None else micros / 1e6
+
+
+def _run(run: RunRecord | None) -> dict[str, object] | None:
+    if run is None:
+        return None
+    return {
+        "slot": _iso(run.slot_us),
+        "state": run.state,
+        "attempt": run.attempt,
+        "fence": run.fence,
+        "holder": display_holder(run.holder),
+        "started": _iso(run.started_us),
+        "finished": _iso(run.finished_us),
+        "exit_code": run.exit_code,
+        "error": run.error,
+    }
+
+
+def job_json(health: JobHealth) -> dict[str, object]:
+    """One job of ``status --json`` (and of the dashboard's API)."""
+    running = health.running
+    return {
+        "job": health.job,
+        "state": health.state,
+        "healthy": health.healthy,
+        "reasons": list(health.reasons),
+        "schedule": health.schedule,
+        "timezone": health.timezone,
+        "paused": health.paused,
+        "next_slot": _iso(health.next_slot_us),
+        "expected_slot": _iso(health.expected_slot_us),
+        "grace_s": _seconds(health.grace_us),
+        "overdue": health.overdue,
+        "failing": health.failing,
+        "stuck": health.stuck,
+        "starved": health.starved,
+        "last_run": _run(health.last_run),
+        "last_success": _iso(health.last_success_us),
+        "last_failure": _iso(health.last_failure_us),
+        "running": _run(running),
+        "holder": display_holder(running.holder) if running is not None else None,
+        "lease_age_s": _seconds(health.lease_age_us),
+        "lock_at_most_s": _seconds(health.lock_at_most_us),
+        "stuck_after_s": _seconds(health.stuck_after_us),
+        "p95_duration_s": _seconds(health.p95_duration_us),
+    }
+
+
+def replica_json(replica: ReplicaRecord, *, differs: bool = False) -> dict[str, object]:
+    """One replica of ``status --json``: ``alive`` while its heartbeat row has not
+    expired; ``differs`` when it runs other job definitions than most live replicas."""
+    return {
+        "replica_id": replica.replica_id,
+        "host": replica.host,
+        "pid": replica.pid,
+        "version": replica.version,
+        "mode": replica.mode,
+        "jobs_fingerprint": replica.jobs_fingerprint,
+        "alive": replica.alive,
+        "started": _iso(replica.started_us),
+        "last_seen": _iso(replica.last_seen_us),
+        "expires": _iso(replica.expires_us),
+        "silent_s": _seconds(replica.silent_us),
+        "differs": differs,
+    }
+
+
+def status_json(status: FleetStatus) -> dict[str, object]:
+    """The whole of ``status --json`` (and the dashboard's ``/api/status``)."""
+    leader = status.leader
+    differing = status.differing_replicas
+    return {
+        "namespace": status.namespace,
+        "now": _iso(status.now_us),
+        "healthy": not status.unhealthy,
+        "leader": None
+        if leader is None
+        else {
+            "holder": leader.holder_display,
+            "fence": leader.fence,
+            "since": _iso(leader.acquired_us),
+        },
+        "jobs": [job_json(health) for health in status.jobs],
+        "replicas": [
+            replica_json(replica, differs=replica.replica_id in differing)
+            for replica in status.replicas
+        ],
+        "notes": list(status.notes),
+    }
+
+
+def lease_json(lease: LeaseRecord) -> dict[str, object]:
+    """One lease row: its holder without the secret token; ``held_for_s`` and
+    ``expires_in_s`` on the store's clock while it is held."""
+    held = lease.held
+    return {
+        "name": lease.name,
+        "holder": lease.holder_display,
+        "fence": lease.fence,
+        "held": held,
+        "acquired": _iso(lease.acquired_us),
+        "expires": _iso(lease.expires_us),
+        "held_for_s": _seconds(lease.now_us - lease.acquired_us) if held else None,
+        "expires_in_s": _seconds(lease.expires_us - lease.now_us) if held else None,
+    }
+
+
+def run_duration_us(run: RunRecord) -> int | None:
+    """How long the attempt ran (so far, while it runs), on the store's clock."""
+    if run.started_us is None:
+        return None
+    end = run.finished_us if run.finished_us is not None else run.now_us
+    return max(0, end - run.started_us)
+
+
+def run_json(run: RunRecord) -> dict[str, object]:
+    """One ledger row, as ``fleetcron runs --json`` lists it, and when it ``finished``."""
+    duration = run_duration_us(run)
+    final = run.state in FINAL_STATES
+    return {
+        "job": run.job,
+        "slot": _iso(run.slot_us),
+        "state": run.state,
+        "attempt": run.attempt,
+        "fence": run.fence,
+        "holder": display_holder(run.holder) or None,
+        "trigger": run.trigger,
+        "started": _iso(run.started_us),
+        "finished": _iso(run.finished_us) if final else None,
+        "duration_s": None if duration is None else round(duration / 1e6, 3),
+        "exit_code": run.exit_code,
+        "error": run.error,
+    }

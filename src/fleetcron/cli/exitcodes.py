@@ -16,7 +16,7 @@ __all__ = [
 
 # fleetcron's own failures never exit 1: under `fleetcron exec` a 1 is the command's.
 
-EXIT_UNHEALTHY = 1  # `status --check` only: a job is overdue, failing or stuck (Nagios WARNING)
+EXIT_UNHEALTHY = 1  # `status --check` and `doctor` only: a job is unhealthy / a check failed
 EXIT_USAGE = 2  # bad option, duration, name or URL; nothing was touched
 EXIT_STORE_UNAVAILABLE = 75  # EX_TEMPFAIL: the store could not be reached; command not started
 EXIT_LEASE_LOST = 76  # the lease was lost while the command ran; its process group was killed

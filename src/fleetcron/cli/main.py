@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from fleetcron import __version__
 from fleetcron._log import LOG_FORMATS, JsonFormatter, TextFormatter
-from fleetcron.cli import next_cmd, scheduler_cmds, status_cmd
+from fleetcron.cli import doctor_cmd, next_cmd, scheduler_cmds, status_cmd, web_cmd
 from fleetcron.cli.exitcodes import (
     EXIT_INTERNAL,
     EXIT_STORE_REFUSED,
@@ -34,8 +34,10 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.fleet import Fleet
+from fleetcron.jobspec import check_job_name
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
+from fleetcron.scheduling.retention import COUNT_LIMIT
 from fleetcron.stores import open_store, read_backend_file, resolve_backend
 from fleetcron.terms import DEFAULT_LOCK_AT_MOST, resolve_namespace
 
@@ -58,6 +60,7 @@ _VALUE_OPTIONS = frozenset(
         "--concurrency",
         "--limit",
         "--count",
+        "--keep",
     }
 )
 
@@ -175,14 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     locks = commands.add_parser("locks", parents=[common], help="list leases")
     locks.add_argument("--json", action="store_true", help="machine-readable output")
 
-    prune = commands.add_parser("prune", parents=[common], help="delete long-unused lease rows")
-    prune.add_argument("--older-than", default="30d", metavar="D")
-    prune.add_argument("--dry-run", action="store_true")
+    _add_prune_parser(commands, common)
 
     commands.add_parser("migrate", parents=[common], help="create or upgrade the store's schema")
     next_cmd.add_parser(commands, [common])
     status_cmd.add_parser(commands, [common])
+    doctor_cmd.add_parser(commands, [common])
     scheduler_cmds.add_parsers(commands, [common])
+    web_cmd.add_parser(commands, [common])
     return parser
 
 
@@ -274,6 +277,101 @@ def _print_locks(records: list[LeaseRecord], as_json: bool) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())  # noqa: T201
 
 
+_PRUNE_DESCRIPTION = """\
+Delete rows the store no longer needs, in one of three modes:
+
+  --leases (default)  lease rows not held and unused for --older-than (default 30d)
+  --runs              finished runs past their job's retention: finished more than
+                      --older-than ago and not among the job's newest --keep (by
+                      default each job's own `retention` and `retention_keep`, else
+                      30d and 100); --job JOB for one job. Runs queued, running or
+                      waiting for a retry always stay.
+  --jobs              job rows nobody registered, claimed or finished for
+                      --older-than (default 7d), i.e. jobs no replica defines any
+                      more, with their finished runs; a job with a queued or running
+                      run is kept
+
+--dry-run says what would be deleted (counts per job) and changes nothing."""
+
+
+def _add_prune_parser(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    prune = commands.add_parser(
+        "prune",
+        parents=[common],
+        help="delete unused lease rows (default), runs past their retention (--runs), or "
+        "jobs no replica defines any more (--jobs)",
+        description=_PRUNE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mode = prune.add_mutually_exclusive_group()
+    mode.add_argument("--leases", action="store_true", help="prune lease rows (the default)")
+    mode.add_argument("--runs", action="store_true", help="prune finished runs past retention")
+    mode.add_argument("--jobs", action="store_true", help="prune idle job rows and their runs")
+    prune.add_argument(
+        "--older-than",
+        metavar="D",
+        help="the age (default: 30d for leases, 7d for jobs, each job's retention for runs)",
+    )
+    prune.add_argument(
+        "--keep", type=int, metavar="N", help="--runs: keep each job's newest N finished runs"
+    )
+    prune.add_argument("--job", metavar="JOB", help="--runs: this job only")
+    prune.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+
+
+def _prune(args: argparse.Namespace) -> int:
+    """``fleetcron prune [--leases | --runs | --jobs]``; every argument is checked before
+    the store is opened."""
+    mode = "runs" if args.runs else "jobs" if args.jobs else "leases"
+    for option, value in (("--keep", args.keep), ("--job", args.job)):
+        if value is not None and mode != "runs":
+            raise ConfigurationError(f"{option} applies to prune --runs only")
+    verb = "would delete" if args.dry_run else "deleted"
+    older: str | None = args.older_than
+    negative = older is not None and older.strip().startswith("-")
+    if mode == "runs":
+        if negative:  # 0 is an age here: keep only the newest --keep
+            raise ConfigurationError(f"--older-than must not be negative, got {older!r}")
+        if older is not None:
+            to_micros(older, what="--older-than")
+        if args.keep is not None and args.keep < 0:
+            raise ConfigurationError(f"--keep must be 0 or more, got {args.keep}")
+        job = None if args.job is None else check_job_name(args.job, "--job")
+        with _fleet(args) as fleet:
+            pruned = fleet.prune_runs(
+                older_than=older, keep=args.keep, job=job, dry_run=args.dry_run
+            )
+        total = sum(pruned.values())
+        capped = args.dry_run and any(count >= COUNT_LIMIT for count in pruned.values())
+        least = "at least " if capped else ""  # a dry run counts up to COUNT_LIMIT per job
+        print(f"{verb} {least}{total} run row(s) of {len(pruned)} job(s)")  # noqa: T201
+        for name, count in pruned.items():
+            more = "at least " if args.dry_run and count >= COUNT_LIMIT else ""
+            print(f"  {name}: {more}{count}")  # noqa: T201
+        return 0
+    older = older or ("7d" if mode == "jobs" else "30d")
+    if negative or to_micros(older, what="--older-than") <= 0:
+        raise ConfigurationError(f"--older-than must be positive, got {older!r}")
+    if mode == "jobs":
+        with _fleet(args) as fleet:
+            found = fleet.prune_jobs(older, dry_run=args.dry_run)
+        deleted = [orphan for orphan in found if orphan.deleted]
+        print(f"{verb} {len(deleted)} job row(s) idle for more than {older}")  # noqa: T201
+        for orphan in found:
+            idle = format_duration(orphan.idle_us)
+            if orphan.deleted:
+                print(f"  {orphan.job}: idle {idle}, with {orphan.runs} run row(s)")  # noqa: T201
+            else:
+                print(f"  {orphan.job}: idle {idle}, kept: it has a queued or running run")  # noqa: T201
+        return 0
+    with _fleet(args) as fleet:
+        names = fleet.prune(older, dry_run=args.dry_run)
+    print(f"{verb} {len(names)} lease row(s)")  # noqa: T201
+    for name in names:
+        print(f"  {name}")  # noqa: T201
+    return 0
+
+
 def _backend_file(args: argparse.Namespace) -> None:
     """``--backend-file``: its URL stands in for ``--backend``, which wins over it; it
     wins over ``$FLEETCRON_BACKEND`` and the rest (see resolve_backend)."""
@@ -317,17 +415,7 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
             _print_locks(fleet.locks(), args.json)
         return 0
     if args.command == "prune":
-        negative = args.older_than.strip().startswith("-")
-        older = 0 if negative else to_micros(args.older_than, what="--older-than")
-        if older <= 0:
-            raise ConfigurationError(f"--older-than must be positive, got {args.older_than!r}")
-        with _fleet(args) as fleet:
-            names = fleet.prune(args.older_than, dry_run=args.dry_run)
-        verb = "would delete" if args.dry_run else "deleted"
-        print(f"{verb} {len(names)} lease row(s)")  # noqa: T201
-        for name in names:
-            print(f"  {name}")  # noqa: T201
-        return 0
+        return _prune(args)
     if args.command == "migrate":
         url = resolve_backend(getattr(args, "backend", None))
         store = open_store(url, auto_migrate=False)
@@ -346,6 +434,10 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         return scheduler_cmds.run_run(args)
     if args.command == "status":
         return status_cmd.run(args)
+    if args.command == "doctor":
+        return doctor_cmd.run(args)
+    if args.command == "web":
+        return web_cmd.run(args)
     if args.command == "runs":
         return scheduler_cmds.run_runs(args)
     if args.command == "backfill":
@@ -370,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _configure_logging(
             getattr(args, "verbose", 0),
-            daemon=args.command == "run",
+            daemon=args.command in ("run", "web"),
             log_format=getattr(args, "log_format", None),
             quiet=getattr(args, "quiet", False),
         )

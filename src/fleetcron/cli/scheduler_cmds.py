@@ -15,6 +15,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import start_http_server
 
 from fleetcron._log import log
+from fleetcron.cli import web_cmd
 from fleetcron.durations import format_duration
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobsfile import JobsFile, load_jobs_file
@@ -68,6 +69,12 @@ def add_parsers(
         "--metrics",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (':9100' is every interface)",
+    )
+    run.add_argument(
+        "--web",
+        metavar="HOST:PORT",
+        help="serve the dashboard at http://HOST:PORT/ beside the jobs (actions need "
+        "$FLEETCRON_WEB_TOKEN; see `fleetcron web`)",
     )
 
     runs = subparsers.add_parser("runs", parents=list(parents), help="show the run ledger")
@@ -167,8 +174,14 @@ def run_run(args: argparse.Namespace) -> int:
     )
     if not jobs_file.jobs:
         raise ConfigurationError(f"{args.jobs_file}: no jobs defined ([jobs.NAME] tables)")
+    web = web_cmd.listen(args.web, "--web") if args.web else None  # before anything starts
     metrics = Metrics()
-    server = serve_metrics(args.metrics, metrics) if args.metrics else None
+    try:
+        server = serve_metrics(args.metrics, metrics) if args.metrics else None
+    except ConfigurationError:
+        if web is not None:
+            web.close()
+        raise
 
     async def main() -> None:
         store = await open_async_store(url)
@@ -185,7 +198,10 @@ def run_run(args: argparse.Namespace) -> int:
                 task.add_done_callback(reloads.discard)
 
             loop.add_signal_handler(signal.SIGHUP, on_hangup)
-            await scheduler.run()
+            if web is None:
+                await scheduler.run()
+            else:
+                await web_cmd.beside(scheduler.run, web, url, store, options.namespace)
         finally:
             await store.close()
 
@@ -195,6 +211,8 @@ def run_run(args: argparse.Namespace) -> int:
         if server is not None:
             server.shutdown()
             server.server_close()
+        if web is not None:
+            web.close()
     return 0
 
 

@@ -15,11 +15,10 @@ from typing import TypeVar
 
 from fleetcron.cli.exitcodes import EXIT_UNHEALTHY, EXIT_USAGE
 from fleetcron.durations import format_duration
-from fleetcron.health import JobHealth
-from fleetcron.models import RunRecord, display_holder
+from fleetcron.models import display_holder
 from fleetcron.names import validate_name
 from fleetcron.schedules import iso_utc
-from fleetcron.status import FleetStatus, read_status
+from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, job_json, read_status, status_json
 from fleetcron.stores import open_store, resolve_backend
 from fleetcron.terms import resolve_namespace
 
@@ -49,75 +48,19 @@ def _iso(moment_us: int | None) -> str | None:
     return None if moment_us is None else iso_utc(moment_us)
 
 
-def _run(run: RunRecord | None) -> dict[str, object] | None:
-    if run is None:
-        return None
-    return {
-        "slot": _iso(run.slot_us),
-        "state": run.state,
-        "attempt": run.attempt,
-        "fence": run.fence,
-        "holder": display_holder(run.holder),
-        "started": _iso(run.started_us),
-        "finished": _iso(run.finished_us),
-        "exit_code": run.exit_code,
-        "error": run.error,
-    }
-
-
-def job_json(health: JobHealth) -> dict[str, object]:
-    """One job of ``status --json`` (and of the dashboard's API)."""
-    running = health.running
-    return {
-        "job": health.job,
-        "state": health.state,
-        "healthy": health.healthy,
-        "reasons": list(health.reasons),
-        "schedule": health.schedule,
-        "timezone": health.timezone,
-        "paused": health.paused,
-        "next_slot": _iso(health.next_slot_us),
-        "expected_slot": _iso(health.expected_slot_us),
-        "grace_s": None if health.grace_us is None else health.grace_us / 1e6,
-        "overdue": health.overdue,
-        "failing": health.failing,
-        "stuck": health.stuck,
-        "starved": health.starved,
-        "last_run": _run(health.last_run),
-        "last_success": _iso(health.last_success_us),
-        "last_failure": _iso(health.last_failure_us),
-        "running": _run(running),
-        "holder": display_holder(running.holder) if running is not None else None,
-        "lease_age_s": None if health.lease_age_us is None else health.lease_age_us / 1e6,
-        "lock_at_most_s": None if health.lock_at_most_us is None else health.lock_at_most_us / 1e6,
-        "stuck_after_s": None if health.stuck_after_us is None else health.stuck_after_us / 1e6,
-        "p95_duration_s": None if health.p95_duration_us is None else health.p95_duration_us / 1e6,
-    }
-
-
-def status_json(status: FleetStatus) -> dict[str, object]:
-    """The whole of ``status --json``."""
-    leader = status.leader
-    return {
-        "namespace": status.namespace,
-        "now": _iso(status.now_us),
-        "healthy": not status.unhealthy,
-        "leader": None
-        if leader is None
-        else {
-            "holder": leader.holder_display,
-            "fence": leader.fence,
-            "since": _iso(leader.acquired_us),
-        },
-        "jobs": [job_json(health) for health in status.jobs],
-    }
-
-
 def _ago(moment_us: int | None, now_us: int) -> str:
     if moment_us is None:
         return "-"
     seconds = max(0, now_us - moment_us) // 1_000_000
     return f"{format_duration(seconds * 1_000_000)} ago"
+
+
+def _aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        (indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))).rstrip()
+        for row in rows
+    ]
 
 
 def _table(status: FleetStatus) -> list[str]:
@@ -141,14 +84,32 @@ def _table(status: FleetStatus) -> list[str]:
                 else "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
+    lines = _aligned(rows)
     lines += [f"{h.job}: {h.state}: {'; '.join(h.reasons)}" for h in status.unhealthy]
     if status.leader is not None:
         lines.append(f"leader: {status.leader.holder_display} (fence {status.leader.fence})")
     return lines
+
+
+def _replicas(status: FleetStatus) -> list[str]:
+    """The ``replicas:`` section: up, and gone (stopped beating) within the retention."""
+    if not status.replicas:
+        return []
+    header = ("REPLICA", "MODE", "STATE", "VERSION", "STARTED", "LAST BEAT", "JOBS")
+    rows = [header]
+    rows += [
+        (
+            replica.replica_id,
+            replica.mode,
+            "up" if replica.alive else "gone",
+            replica.version,
+            iso_utc(replica.started_us),
+            _ago(replica.last_seen_us, replica.now_us),
+            replica.jobs_fingerprint[:FINGERPRINT_SHOWN],
+        )
+        for replica in status.replicas
+    ]
+    return ["replicas:", *_aligned(rows, "  "), *(f"note: {note}" for note in status.notes)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,10 +130,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.json:
         print(json.dumps(status_json(status), indent=2))  # noqa: T201
-    elif not status.jobs:
-        print(f"no jobs in namespace {namespace!r} (--namespace chooses another)")  # noqa: T201
     else:
-        print("\n".join(_table(status)))  # noqa: T201
+        lines = (
+            _table(status)
+            if status.jobs
+            else [f"no jobs in namespace {namespace!r} (--namespace chooses another)"]
+        )
+        print("\n".join(lines + _replicas(status)))  # noqa: T201
     if args.check and status.unhealthy:
         return EXIT_UNHEALTHY
     return 0

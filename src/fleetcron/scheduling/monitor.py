@@ -11,19 +11,26 @@ One replica watching means one alert per event across the fleet. When the watchi
 changes (it stopped or lost the store for longer than the lease), the next one starts with
 no memory: a job still unhealthy is alerted once more, and a recovery the previous one would
 have reported is only logged if the new one saw the job unhealthy itself.
+
+The watching replica also keeps the run ledger bounded: every ``retention_s`` it applies
+the retention rule of each job it defines (:mod:`fleetcron.scheduling.retention`), in a
+task of its own so the watches keep their pace, stopping when the lease is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetcron._log import log
-from fleetcron.errors import StoreError
+from fleetcron.clock import SYSTEM_CLOCK, Clock
+from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.health import JobHealth
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import LeaseRecord
+from fleetcron.scheduling.retention import DEFAULT_RETENTION_S, PassResult, Pruner
 from fleetcron.status import FleetStatus, read_status
 from fleetcron.stores.base import AsyncStore
 
@@ -49,6 +56,9 @@ class Monitor:
 
     ``jobs``: the names to watch (``None``: every job of the namespace). ``on_status`` and
     ``on_alert`` receive what each watch found (metrics, webhooks); they must not block.
+    ``specs``: the jobs this replica defines, whose retention rules it applies every
+    ``retention_s`` while it watches (``None`` or ``0``: no retention from this replica);
+    ``clock`` times those passes.
     """
 
     def __init__(
@@ -61,7 +71,12 @@ class Monitor:
         jobs: Sequence[str] | None = None,
         on_status: Callable[[FleetStatus], None] | None = None,
         on_alert: Callable[[Alert], None] | None = None,
+        specs: Mapping[str, JobSpec] | None = None,
+        retention_s: float = DEFAULT_RETENTION_S,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        if not retention_s >= 0:
+            raise ConfigurationError(f"retention_s must not be negative: {retention_s!r}")
         self.store = store
         self.namespace = namespace
         self.holder = holder
@@ -74,6 +89,15 @@ class Monitor:
         self._said: dict[str, tuple[str, int | None]] = {}  # job -> (event, overdue slot)
         self._task: asyncio.Task[None] | None = None
         self.watched = asyncio.Event()  # set after each watch (tests wait on it)
+        self.retention_s = retention_s
+        self.clock = clock
+        self.pruner = (
+            Pruner(store, namespace, specs) if specs is not None and retention_s > 0 else None
+        )
+        self.pruned = asyncio.Event()  # set after each retention pass (tests wait on it)
+        self.last_pass: PassResult | None = None
+        self._pruned_at: int | None = None  # monotonic µs of the last pass's start
+        self._pruning: asyncio.Task[PassResult | None] | None = None
 
     @property
     def watching(self) -> bool:
@@ -92,6 +116,8 @@ class Monitor:
             )
             if self.lease is not None:
                 self._said.clear()  # a new watch: nothing said yet by this replica
+                if self.pruner is not None:
+                    self.pruner.new_watch()
         return self.lease is not None
 
     async def watch(self) -> FleetStatus | None:
@@ -153,24 +179,59 @@ class Monitor:
         if self.on_alert is not None:
             self.on_alert(alert)
 
+    # -- retention ---------------------------------------------------------------------
+    async def prune(self) -> PassResult | None:
+        """One retention pass over this replica's jobs, if it watches (held the lease at
+        its last watch); ``None`` when it does not, has no jobs to prune, or the store
+        failed (the next pass tries again)."""
+        if self.pruner is None or not self.watching:
+            return None
+        try:
+            result = await self.pruner.prune(lambda: self.watching)
+        except StoreError as exc:
+            log.warning(
+                "retention: %s; the next pass tries again",
+                exc,
+                extra={"action": "runs_prune_failed"},
+            )
+            return None
+        finally:
+            self.pruned.set()
+        self.last_pass = result
+        return result
+
+    def _prune_if_due(self) -> None:
+        if self.pruner is None or not self.watching:
+            return
+        if self._pruning is not None and not self._pruning.done():
+            return
+        now = self.clock.monotonic_us()
+        if self._pruned_at is not None and now - self._pruned_at < self.retention_s * 1e6:
+            return
+        self._pruned_at = now
+        self._pruning = asyncio.create_task(self.prune(), name="fleetcron-retention")
+
     # -- the periodic task -------------------------------------------------------------
     def start(self) -> None:
-        """Watch every ``every_s`` until :meth:`stop`."""
+        """Watch every ``every_s`` until :meth:`stop`, and prune every ``retention_s``
+        while watching."""
         if self._task is None:
             self._task = asyncio.create_task(self._watch_forever(), name="fleetcron-monitor")
 
     async def _watch_forever(self) -> None:
         while True:
             await self.watch()
+            self._prune_if_due()
             await asyncio.sleep(self.every_s)
 
     async def stop(self) -> None:
         """Stop watching and hand the lease back, so another replica takes over at once."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._task, self._pruning):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._pruning = None
         lease, self.lease = self.lease, None
         if lease is not None:
             with contextlib.suppress(StoreError):

@@ -214,6 +214,37 @@ class Operations(Protocol):
         """Delete final rows beyond the newest ``keep`` per job or older than the age."""
         ...
 
+    def run_prune_job(
+        self,
+        namespace: str,
+        job: str,
+        keep: int,
+        older_than_us: int,
+        limit: int,
+        dry_run: bool = False,
+    ) -> Operation[int]:
+        """Retention of one job: delete up to ``limit`` of its *finished* rows that are
+        beyond its newest ``keep`` finished rows (by slot) **and** finished more than
+        ``older_than_us`` ago (store clock), oldest slot first; return how many. With
+        ``dry_run``, how many it would delete (at most ``limit``), deleting nothing.
+
+        A finished row is in a final state and not waiting for a retry: a row ``queued``,
+        ``running`` (even with an expired lease), or ``failed`` with ``retry_at_us`` set
+        is never deleted and does not count among the ``keep``. The work is bounded by
+        ``limit``, so a large backlog is pruned over several calls, each one short; other
+        jobs and namespaces are untouched. A row's slot is never later than its finish,
+        so a backend may bound its search by the slot as well."""
+        ...
+
+    def job_delete(self, namespace: str, job: str, dry_run: bool = False) -> Operation[bool]:
+        """Delete the job's row (definition, pause flag, progress) unless the job has a
+        ``queued`` or ``running`` run; whether it was deleted — ``False``, changing
+        nothing, when it has such a run or no row. With ``dry_run``, whether it would be.
+        The job's run rows and its job lease stay: prune the runs first
+        (:meth:`run_prune_job` with ``keep`` and age 0); the lease row keeps the job's
+        fences increasing should it come back."""
+        ...
+
     def job_register(
         self, namespace: str, jobs: Sequence[tuple[str, str, str]]
     ) -> Operation[list[JobRecord | None]]:

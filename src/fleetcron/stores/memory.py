@@ -367,6 +367,54 @@ class _MemoryLedger:
         result: int = yield _step(step)
         return result
 
+    def run_prune_job(
+        self,
+        namespace: str,
+        job: str,
+        keep: int,
+        older_than_us: int,
+        limit: int,
+        dry_run: bool = False,
+    ) -> Operation[int]:
+        def step(state: _State, now: int) -> int:
+            finished = sorted(
+                (
+                    run
+                    for (ns, name, _), run in state.runs.items()
+                    if ns == namespace and name == job and _finished(run)
+                ),
+                key=lambda run: -run.slot_us,
+            )
+            beyond = finished[max(keep, 0) :]
+            doomed = sorted(
+                run.slot_us
+                for run in beyond
+                if run.finished_us is not None and run.finished_us < now - older_than_us
+            )[: max(limit, 0)]
+            if not dry_run:
+                for slot_us in doomed:
+                    del state.runs[(namespace, job, slot_us)]
+            return len(doomed)
+
+        result: int = yield _step(step)
+        return result
+
+    def job_delete(self, namespace: str, job: str, dry_run: bool = False) -> Operation[bool]:
+        def step(state: _State, _now: int) -> bool:
+            if (namespace, job) not in state.jobs:
+                return False
+            if any(
+                key[:2] == (namespace, job) and run.state in ("queued", "running")
+                for key, run in state.runs.items()
+            ):
+                return False
+            if not dry_run:
+                del state.jobs[(namespace, job)]
+            return True
+
+        result: bool = yield _step(step)
+        return result
+
     def job_register(
         self, namespace: str, jobs: Sequence[tuple[str, str, str]]
     ) -> Operation[list[JobRecord | None]]:
@@ -487,6 +535,11 @@ def _due(run: RunRecord, now: int) -> bool:
     if run.state == "running":
         return run.expires_us is not None and run.expires_us <= now
     return run.state == "failed" and run.retry_at_us is not None and run.retry_at_us <= now
+
+
+def _finished(run: RunRecord) -> bool:
+    """In a final state and not waiting for a retry: what retention may delete."""
+    return run.state in FINAL_STATES and not (run.state == "failed" and run.retry_at_us is not None)
 
 
 def _raise_high_water(state: _State, namespace: str, job: str, slot_us: int, now: int) -> None:

@@ -24,8 +24,8 @@ NULL is an absent hash field. A lease key ends with ``}``; ledger keys never do,
 how ``lease_list``/``lease_prune`` tell them apart in a SCAN of the namespace. Jobs of a
 namespace are found by SCAN of ``…:fleetcron:job:*}:job`` (no per-namespace index: it
 would be another Cluster slot). The scripts of a whole job (``run_list``, ``run_cancel``,
-``run_prune``) are given the slot index as their key and reach the run rows named in it;
-those rows share its hash tag, so they are in the same slot.
+``run_prune``, ``run_prune_job``, ``job_delete``) are given the slot index as their key and
+reach the run rows named in it; those rows share its hash tag, so they are in the same slot.
 
 Replica heartbeats (docs/design/replicas.md) live under one hash tag per namespace, that
 of the name ``fleetcron:replicas``; with ``R = fleetcron:{<len(ns)>:<ns>:fleetcron:replicas}``:
@@ -388,6 +388,32 @@ class _RedisLedger:
             "run_prune", tuple(_slots_of(key) for key in keys), (max(keep, 0), older_than_us)
         )
         return sum(int(reply) for reply in replies)
+
+    def run_prune_job(
+        self,
+        namespace: str,
+        job: str,
+        keep: int,
+        older_than_us: int,
+        limit: int,
+        dry_run: bool = False,
+    ) -> Operation[int]:
+        if limit <= 0:
+            return 0
+        reply = yield Script(
+            "run_prune_job",
+            (slots_key(namespace, job),),
+            (max(keep, 0), older_than_us, limit, 1 if dry_run else 0),
+        )
+        return int(reply)
+
+    def job_delete(self, namespace: str, job: str, dry_run: bool = False) -> Operation[bool]:
+        reply = yield Script(
+            "job_delete",
+            (slots_key(namespace, job), job_key(namespace, job)),
+            (1 if dry_run else 0,),
+        )
+        return bool(reply)
 
     def job_register(
         self, namespace: str, jobs: Sequence[tuple[str, str, str]]

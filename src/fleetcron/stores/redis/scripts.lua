@@ -358,6 +358,72 @@ for _, slot in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, -1)) do
 end
 return deleted
 
+-- name: run_prune_job
+-- uses: now, ledger
+-- KEYS[1] slot index; ARGV: keep, older_than_us, limit (> 0), dry_run (1/0)
+-- retention of one job: deletes up to limit of its finished rows (final, no retry pending)
+-- beyond its newest keep finished rows and finished before now - older_than, oldest slot
+-- first; returns how many were (dry_run: would be) deleted. A slot is never later than its
+-- row's finish, so only slots below now - older_than are read, in chunks, from the oldest.
+local keep, limit, dry = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[4] == '1'
+local before = now - tonumber(ARGV[2])
+local CHUNK = 100
+local function finished(run)
+  return run[1] and run[1] ~= 'running' and run[1] ~= 'queued'
+    and not (run[1] == 'failed' and run[3])
+end
+local bound = before -- slots below it may go
+if keep > 0 then
+  local seen, start, cut = 0, 0, nil
+  while not cut do
+    local chunk = redis.call('ZREVRANGE', KEYS[1], start, start + CHUNK - 1)
+    if #chunk == 0 then return 0 end -- fewer finished rows than keep: all stay
+    for _, slot in ipairs(chunk) do
+      if finished(redis.call('HMGET', run_key_of(slot), 'state', 'finished', 'retry_at')) then
+        seen = seen + 1
+        if seen == keep then cut = tonumber(slot) break end
+      end
+    end
+    start = start + CHUNK
+  end
+  if cut < bound then bound = cut end
+end
+local deleted, low = 0, '-inf'
+while deleted < limit do
+  local chunk = redis.call('ZRANGEBYSCORE', KEYS[1], low, '(' .. s(bound), 'LIMIT', 0, CHUNK)
+  if #chunk == 0 then break end
+  for _, slot in ipairs(chunk) do
+    local key = run_key_of(slot)
+    local run = redis.call('HMGET', key, 'state', 'finished', 'retry_at')
+    if not run[1] then
+      if not dry then redis.call('ZREM', KEYS[1], slot) end -- an index entry without a row
+    elseif finished(run) and run[2] and tonumber(run[2]) < before then
+      if not dry then
+        redis.call('DEL', key)
+        redis.call('ZREM', KEYS[1], slot)
+      end
+      deleted = deleted + 1
+      if deleted >= limit then break end
+    end
+  end
+  low = '(' .. chunk[#chunk]
+end
+return deleted
+
+-- name: job_delete
+-- uses: now, ledger
+-- KEYS[1] slot index, KEYS[2] job row; ARGV: dry_run (1/0)
+-- deletes the job row unless the job has a queued or running run; returns 1 when it was
+-- (dry_run: would be) deleted, 0 when it has such a run or no row (nothing changes). The
+-- run rows and the slot index stay.
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+for _, slot in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local state = redis.call('HGET', run_key_of(slot), 'state')
+  if state == 'queued' or state == 'running' then return 0 end
+end
+if ARGV[1] ~= '1' then redis.call('DEL', KEYS[2]) end
+return 1
+
 -- name: job_register
 -- uses: now, ledger
 -- KEYS[1] job row; ARGV: job, definition, fingerprint

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -27,13 +28,13 @@ from fleetcron.stores.base import (
     drive,
     drive_async,
 )
-from fleetcron.stores.redis.connect import check_server, client_args, probe
+from fleetcron.stores.redis.connect import _config, check_server, client_args, probe
 from fleetcron.stores.redis.operations import RedisOperations, _text
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["AsyncRedisStore", "RedisStore", "translate"]
+__all__ = ["AsyncRedisStore", "RedisStore", "ServerSettings", "translate"]
 
 T = TypeVar("T")
 log = logging.getLogger("fleetcron")
@@ -77,6 +78,23 @@ def _collect(pending: list[int], replies: list[Any], results: list[Any]) -> list
 
 
 _SCRIPT_LOAD_TRIES = 3
+
+_SETTINGS = ("appendonly", "appendfsync", "save", "maxmemory-policy")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSettings:
+    """What :meth:`RedisStore.server_settings` reads: the server's ``role`` and how many
+    replicas are connected to it, and its persistence and eviction settings, each
+    ``None`` when ``CONFIG GET`` was refused (``config_error`` says how)."""
+
+    role: str
+    replicas: int
+    appendonly: str | None
+    appendfsync: str | None
+    save: str | None
+    maxmemory_policy: str | None
+    config_error: str | None
 
 
 class RedisStore:
@@ -151,6 +169,35 @@ class RedisStore:
     def migrate(self) -> list[str]:
         """Redis keeps no schema; nothing to apply."""
         return []
+
+    def server_settings(self) -> ServerSettings:
+        """The server's role, replicas, persistence and eviction settings, in one round trip
+        that changes nothing (``ROLE`` and ``CONFIG GET``; for ``fleetcron doctor``)."""
+        try:
+            with self._lock, self._client.pipeline(transaction=False) as pipe:
+                pipe.role()
+                for key in _SETTINGS:
+                    pipe.config_get(key)
+                role_reply, *configs = pipe.execute(raise_on_error=False)
+            if isinstance(role_reply, Exception):
+                raise role_reply
+        except redis.exceptions.RedisError as exc:
+            error = translate(exc)
+            assert error is not None
+            raise error from exc
+        role = _text(role_reply[0])
+        linked = role_reply[2] if role in ("master", "primary") and len(role_reply) > 2 else []
+        values = [_config(reply, key) for reply, key in zip(configs, _SETTINGS, strict=True)]
+        refused = next((reply for reply in configs if isinstance(reply, Exception)), None)
+        return ServerSettings(
+            role=role,
+            replicas=len(linked),
+            appendonly=values[0],
+            appendfsync=values[1],
+            save=values[2],
+            maxmemory_policy=values[3],
+            config_error=None if refused is None else str(refused),
+        )
 
     def close(self) -> None:
         self._client.close()

@@ -36,7 +36,7 @@ from fleetcron.stores.base import (
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.statements import Query, QueryBatch
 
-__all__ = ["SqlLedger", "SqlOperations", "claim_params", "replica_params"]
+__all__ = ["SqlLedger", "SqlOperations", "claim_params", "prune_job_params", "replica_params"]
 
 
 class SqlOperations:
@@ -141,6 +141,24 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
         "lost_error": LOST_ERROR,
         "missed_error": MISSED_ERROR,
         "output_limit": OUTPUT_LIMIT,
+    }
+
+
+def prune_job_params(
+    namespace: str, job: str, keep: int, older_than_us: int, limit: int
+) -> dict[str, object]:
+    """The bound parameters of ``run_prune_job`` (every dialect uses the same names):
+    ``keep_offset`` is the offset, newest first, of the oldest finished row kept, and
+    ``limit_offset`` that of the last row a call may delete, oldest first."""
+    keep = max(keep, 0)
+    return {
+        "namespace": namespace,
+        "job": job,
+        "keep": keep,
+        "keep_offset": max(keep - 1, 0),
+        "older_than_us": older_than_us,
+        "limit": limit,
+        "limit_offset": max(limit - 1, 0),
     }
 
 
@@ -311,6 +329,28 @@ class SqlLedger:
             "run_prune", {"namespace": namespace, "keep": keep, "older_than_us": older_than_us}
         )
         return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
+
+    def run_prune_job(
+        self,
+        namespace: str,
+        job: str,
+        keep: int,
+        older_than_us: int,
+        limit: int,
+        dry_run: bool = False,
+    ) -> Operation[int]:
+        if limit <= 0:
+            return 0
+        name = "run_prune_job_preview" if dry_run else "run_prune_job"
+        result: SqlResult = yield Query(
+            name, prune_job_params(namespace, job, keep, older_than_us, limit)
+        )
+        return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
+
+    def job_delete(self, namespace: str, job: str, dry_run: bool = False) -> Operation[bool]:
+        name = "job_delete_preview" if dry_run else "job_delete"
+        result: SqlResult = yield Query(name, {"namespace": namespace, "job": job})
+        return bool(result.rows) or result.rowcount > 0
 
     def job_register(
         self, namespace: str, jobs: Sequence[tuple[str, str, str]]

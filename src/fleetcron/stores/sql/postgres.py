@@ -9,7 +9,8 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -32,6 +33,8 @@ from fleetcron.stores.url import StoreURL
 
 __all__ = [
     "AsyncPostgresStore",
+    "BackendPid",
+    "PoolerProbe",
     "PostgresOperations",
     "PostgresStore",
     "check_conninfo",
@@ -54,6 +57,10 @@ _RETRIES = 8  # tries of a single statement refused by serialization or a deadlo
 def _connect_kwargs(url: StoreURL) -> dict[str, Any]:
     return {
         "autocommit": True,
+        # No server-side prepared statements: behind PgBouncer in transaction pooling (before
+        # 1.21, or without max_prepared_statements) a statement prepared on one server
+        # connection is unknown on the next ("prepared statement _pg3_0 already exists").
+        "prepare_threshold": None,
         # libpq counts whole seconds, at least 2.
         "connect_timeout": max(2, math.ceil(url.connect_timeout_s)),
         "application_name": "fleetcron",
@@ -155,6 +162,36 @@ def _retry_pause(attempt: int) -> float:
     return 0.001 * (1 << attempt) * random.uniform(0.5, 1.0)
 
 
+class BackendPid(NamedTuple):
+    """The server process behind one statement: the pid the server ``announced`` at
+    connect (BackendKeyData, libpq's ``backend_pid``) and the one ``pg_backend_pid()``
+    ``reported``. A pooler answers the connect itself, with a pid of its own."""
+
+    announced: int
+    reported: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolerProbe:
+    """What :meth:`PostgresStore.backend_pids` saw: a :class:`BackendPid` per statement on
+    the store's connection (``first``) and, interleaved, on a second one (``second``);
+    and the store's ``prepare_threshold`` (``None``: it prepares no statement)."""
+
+    first: tuple[BackendPid, ...]
+    second: tuple[BackendPid, ...]
+    prepare_threshold: int | None
+
+
+# A diagnostic of the connection (fleetcron doctor), not a store operation: not in
+# queries.sql, never prepared, and it neither reads nor writes a table.
+_BACKEND_PID = "SELECT pg_backend_pid()"
+
+
+def _backend_pid(conn: Any) -> BackendPid:
+    row = conn.execute(_BACKEND_PID, prepare=False).fetchone()
+    return BackendPid(announced=int(conn.info.backend_pid), reported=int(row[0]))
+
+
 class PostgresStore(SqlSyncStore):
     """Sync PostgreSQL store."""
 
@@ -221,6 +258,26 @@ class PostgresStore(SqlSyncStore):
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:
         return translate(exc)
+
+    def backend_pids(self, statements: int = 3) -> PoolerProbe:
+        """Whether a connection pooler stands between this store and PostgreSQL, and
+        whether it pools per transaction (for ``fleetcron doctor``): ``statements``
+        autocommit statements on this store's connection, each followed by one on a second
+        connection opened for the purpose and closed after. Without a pooler each
+        connection reports the pid announced at connect, every time. A pooler announces a
+        pid of its own; in transaction mode it hands the server connection one client's
+        statement just released to the other client's (PgBouncer reuses the most recently
+        used one), so the two report the same pid. Changes nothing and sets nothing."""
+        other = PostgresStore(self._url, auto_migrate=False)
+        try:
+            first, second = [], []
+            for _ in range(statements):
+                first.append(self._guarded(_backend_pid))
+                second.append(other._guarded(_backend_pid))
+            threshold = self._guarded(lambda conn: conn.prepare_threshold)
+        finally:
+            other.close()
+        return PoolerProbe(first=tuple(first), second=tuple(second), prepare_threshold=threshold)
 
     def _migrate_locked(self) -> list[str]:
         conn = self._connection()

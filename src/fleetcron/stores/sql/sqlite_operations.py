@@ -35,7 +35,12 @@ from fleetcron.stores.ledger import (
     new_job,
     recorded_run,
 )
-from fleetcron.stores.sql.operations import SqlLedger, SqlOperations, replica_params
+from fleetcron.stores.sql.operations import (
+    SqlLedger,
+    SqlOperations,
+    prune_job_params,
+    replica_params,
+)
 from fleetcron.stores.statements import Query
 
 __all__ = ["SqliteOperations"]
@@ -211,6 +216,24 @@ class SqliteOperations(SqlOperations, SqlLedger):
             "run_prune", {"namespace": namespace, "keep": keep, "older_than_us": older_than_us}
         )
         return len(result.rows)
+
+    def run_prune_job(
+        self,
+        namespace: str,
+        job: str,
+        keep: int,
+        older_than_us: int,
+        limit: int,
+        dry_run: bool = False,
+    ) -> Operation[int]:
+        if limit <= 0:
+            return 0
+        params = prune_job_params(namespace, job, keep, older_than_us, limit)
+        if dry_run:
+            preview: SqlResult = yield Query("run_prune_job_preview", params)
+            return int(preview.rows[0][0])
+        result: SqlResult = yield Query("run_prune_job", params)
+        return len(result.rows)  # one row (RETURNING 1) per deleted row
 
     def job_register(
         self, namespace: str, jobs: Sequence[tuple[str, str, str]]

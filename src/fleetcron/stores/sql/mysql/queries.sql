@@ -395,6 +395,79 @@ DELETE r FROM fleetcron_run AS r
     ON r.job = doomed.job AND r.slot_us = doomed.slot_us
  WHERE r.namespace = %(namespace)s AND r.state NOT IN ('running', 'queued');
 
+-- name: run_prune_job
+-- Retention of one job: up to `limit` of its finished rows (final, no retry pending) beyond
+-- its newest `keep` finished rows and finished before now - older_than_us, oldest slot
+-- first, in one transaction. Every bound is found first by a walk of the primary key (the
+-- DELETE itself would sort): @fc_prune_cut, the newest kept row's slot (keep_offset = keep
+-- - 1; NULL when the job has fewer finished rows: then nothing goes); @fc_prune_bound, the
+-- slots that may go (a slot is never later than its row's finish); @fc_prune_upto, the
+-- limit-th candidate's slot (NULL when there are fewer).
+START TRANSACTION;
+SET @fc_prune_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SET @fc_prune_cut = (SELECT slot_us FROM fleetcron_run
+                      WHERE namespace = %(namespace)s AND job = %(job)s
+                        AND state NOT IN ('running', 'queued')
+                        AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
+                      ORDER BY slot_us DESC
+                      LIMIT 1 OFFSET %(keep_offset)s);
+SET @fc_prune_bound = IF(%(keep)s = 0, @fc_prune_now - %(older_than_us)s,
+                         LEAST(@fc_prune_now - %(older_than_us)s, @fc_prune_cut));
+SET @fc_prune_upto = (SELECT slot_us FROM fleetcron_run
+                       WHERE namespace = %(namespace)s AND job = %(job)s
+                         AND slot_us < @fc_prune_bound
+                         AND state NOT IN ('running', 'queued')
+                         AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
+                         AND finished_us < @fc_prune_now - %(older_than_us)s
+                       ORDER BY slot_us
+                       LIMIT 1 OFFSET %(limit_offset)s);
+DELETE FROM fleetcron_run
+ WHERE namespace = %(namespace)s AND job = %(job)s
+   AND slot_us < @fc_prune_bound
+   AND slot_us <= COALESCE(@fc_prune_upto, @fc_prune_bound)
+   AND state NOT IN ('running', 'queued')
+   AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
+   AND finished_us < @fc_prune_now - %(older_than_us)s
+ LIMIT %(limit)s;
+SET @fc_pruned = ROW_COUNT();
+COMMIT;
+SELECT @fc_pruned;
+
+-- name: run_prune_job_preview
+SET @fc_prune_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SET @fc_prune_cut = (SELECT slot_us FROM fleetcron_run
+                      WHERE namespace = %(namespace)s AND job = %(job)s
+                        AND state NOT IN ('running', 'queued')
+                        AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
+                      ORDER BY slot_us DESC
+                      LIMIT 1 OFFSET %(keep_offset)s);
+SET @fc_prune_bound = IF(%(keep)s = 0, @fc_prune_now - %(older_than_us)s,
+                         LEAST(@fc_prune_now - %(older_than_us)s, @fc_prune_cut));
+SELECT count(*) FROM (
+    SELECT 1 FROM fleetcron_run
+     WHERE namespace = %(namespace)s AND job = %(job)s
+       AND slot_us < @fc_prune_bound
+       AND state NOT IN ('running', 'queued')
+       AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
+       AND finished_us < @fc_prune_now - %(older_than_us)s
+     LIMIT %(limit)s
+) AS doomed;
+
+-- name: job_delete
+-- The job row, unless the job has a queued or running run (its run rows stay).
+DELETE FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run
+                    WHERE namespace = %(namespace)s AND job = %(job)s
+                      AND state IN ('queued', 'running'));
+
+-- name: job_delete_preview
+SELECT 1 FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run
+                    WHERE namespace = %(namespace)s AND job = %(job)s
+                      AND state IN ('queued', 'running'));
+
 -- name: job_register
 -- The row is made (a placeholder, updated_us = -1) or locked first, so the row read next
 -- is the one this call replaces, even against a concurrent first registration.

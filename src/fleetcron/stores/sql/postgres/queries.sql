@@ -241,6 +241,78 @@ DELETE FROM fleetcron_run AS r USING ranked, now
    AND r.state NOT IN ('running', 'queued')
    AND (ranked.n > %(keep)s OR ranked.finished_us < now.us - %(older_than_us)s);
 
+-- name: run_prune_job
+-- Retention of one job: up to `limit` of its finished rows (final, no retry pending) beyond
+-- its newest `keep` finished rows and finished before now - older_than_us, oldest slot
+-- first. The newest kept row is found walking the primary key newest first (keep_offset =
+-- keep - 1); a slot is never later than its row's finish, so the slot bound (a sub-select,
+-- so it bounds the index scan) keeps the walk from the oldest slot short. The DELETE
+-- re-checks the state (never a row claimed again).
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+doomed AS (
+    SELECT r.slot_us
+      FROM fleetcron_run AS r
+     WHERE r.namespace = %(namespace)s AND r.job = %(job)s
+       AND r.state NOT IN ('running', 'queued')
+       AND NOT (r.state = 'failed' AND r.retry_at_us IS NOT NULL)
+       AND r.slot_us < (SELECT us FROM now) - %(older_than_us)s
+       AND r.finished_us < (SELECT us FROM now) - %(older_than_us)s
+       AND (%(keep)s = 0 OR r.slot_us < (
+           SELECT k.slot_us FROM fleetcron_run AS k
+            WHERE k.namespace = %(namespace)s AND k.job = %(job)s
+              AND k.state NOT IN ('running', 'queued')
+              AND NOT (k.state = 'failed' AND k.retry_at_us IS NOT NULL)
+            ORDER BY k.slot_us DESC
+            OFFSET %(keep_offset)s LIMIT 1))
+     ORDER BY r.slot_us
+     LIMIT %(limit)s
+),
+deleted AS (
+    DELETE FROM fleetcron_run AS r USING doomed
+     WHERE r.namespace = %(namespace)s AND r.job = %(job)s AND r.slot_us = doomed.slot_us
+       AND r.state NOT IN ('running', 'queued')
+       AND NOT (r.state = 'failed' AND r.retry_at_us IS NOT NULL)
+    RETURNING 1
+)
+SELECT count(*) FROM deleted;
+
+-- name: run_prune_job_preview
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
+SELECT count(*) FROM (
+    SELECT r.slot_us
+      FROM fleetcron_run AS r
+     WHERE r.namespace = %(namespace)s AND r.job = %(job)s
+       AND r.state NOT IN ('running', 'queued')
+       AND NOT (r.state = 'failed' AND r.retry_at_us IS NOT NULL)
+       AND r.slot_us < (SELECT us FROM now) - %(older_than_us)s
+       AND r.finished_us < (SELECT us FROM now) - %(older_than_us)s
+       AND (%(keep)s = 0 OR r.slot_us < (
+           SELECT k.slot_us FROM fleetcron_run AS k
+            WHERE k.namespace = %(namespace)s AND k.job = %(job)s
+              AND k.state NOT IN ('running', 'queued')
+              AND NOT (k.state = 'failed' AND k.retry_at_us IS NOT NULL)
+            ORDER BY k.slot_us DESC
+            OFFSET %(keep_offset)s LIMIT 1))
+     ORDER BY r.slot_us
+     LIMIT %(limit)s
+) AS doomed;
+
+-- name: job_delete
+-- The job row, unless the job has a queued or running run (its run rows stay).
+DELETE FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run
+                    WHERE namespace = %(namespace)s AND job = %(job)s
+                      AND state IN ('queued', 'running'))
+RETURNING 1;
+
+-- name: job_delete_preview
+SELECT 1 FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run
+                    WHERE namespace = %(namespace)s AND job = %(job)s
+                      AND state IN ('queued', 'running'));
+
 -- name: job_register
 SELECT * FROM fleetcron_job_register(
     %(namespace)s::text, %(job)s::text, %(definition)s::text, %(fingerprint)s::text);

@@ -189,6 +189,73 @@ DELETE FROM fleetcron_run
    )
 RETURNING 1;
 
+-- Retention of one job (run_prune_job): up to :limit of its finished rows (final, no retry
+-- pending) that are beyond its newest :keep finished rows and finished before now -
+-- :older_than_us, oldest slot first. The newest kept row is found walking the primary key
+-- newest first (:keep_offset = keep - 1); a slot is never later than its row's finish, so
+-- the slot bound keeps the walk from the oldest slot short.
+
+-- name: run_prune_job
+DELETE FROM fleetcron_run
+ WHERE namespace = :namespace AND job = :job
+   AND slot_us IN (
+       SELECT r.slot_us
+         FROM fleetcron_run AS r,
+              (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+                      AS t) AS now
+        WHERE r.namespace = :namespace AND r.job = :job
+          AND r.state NOT IN ('running', 'queued')
+          AND NOT (r.state = 'failed' AND r.retry_at_us IS NOT NULL)
+          AND r.slot_us < now.t - :older_than_us
+          AND r.finished_us < now.t - :older_than_us
+          AND (:keep = 0 OR r.slot_us < (
+              SELECT k.slot_us FROM fleetcron_run AS k
+               WHERE k.namespace = :namespace AND k.job = :job
+                 AND k.state NOT IN ('running', 'queued')
+                 AND NOT (k.state = 'failed' AND k.retry_at_us IS NOT NULL)
+               ORDER BY k.slot_us DESC
+               LIMIT 1 OFFSET :keep_offset))
+        ORDER BY r.slot_us
+        LIMIT :limit)
+RETURNING 1;
+
+-- name: run_prune_job_preview
+SELECT count(*) FROM (
+    SELECT r.slot_us
+      FROM fleetcron_run AS r,
+           (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+                   AS t) AS now
+     WHERE r.namespace = :namespace AND r.job = :job
+       AND r.state NOT IN ('running', 'queued')
+       AND NOT (r.state = 'failed' AND r.retry_at_us IS NOT NULL)
+       AND r.slot_us < now.t - :older_than_us
+       AND r.finished_us < now.t - :older_than_us
+       AND (:keep = 0 OR r.slot_us < (
+           SELECT k.slot_us FROM fleetcron_run AS k
+            WHERE k.namespace = :namespace AND k.job = :job
+              AND k.state NOT IN ('running', 'queued')
+              AND NOT (k.state = 'failed' AND k.retry_at_us IS NOT NULL)
+            ORDER BY k.slot_us DESC
+            LIMIT 1 OFFSET :keep_offset))
+     ORDER BY r.slot_us
+     LIMIT :limit);
+
+-- name: job_delete
+-- The job row, unless the job has a queued or running run (its run rows stay).
+DELETE FROM fleetcron_job
+ WHERE namespace = :namespace AND job = :job
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run
+                    WHERE namespace = :namespace AND job = :job
+                      AND state IN ('queued', 'running'))
+RETURNING 1;
+
+-- name: job_delete_preview
+SELECT 1 FROM fleetcron_job
+ WHERE namespace = :namespace AND job = :job
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run
+                    WHERE namespace = :namespace AND job = :job
+                      AND state IN ('queued', 'running'));
+
 -- name: job_set_paused
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 UPDATE fleetcron_job SET paused = :paused, updated_us = (SELECT t FROM now)

@@ -1,0 +1,90 @@
+"""Alert webhooks: a JSON POST for each change of a job's health the monitor says.
+
+The replica watching the namespace (:mod:`fleetcron.scheduling.monitor`) turns each
+:class:`~fleetcron.scheduling.monitor.Alert` — a job became overdue (again for each later
+slot that also passed its grace), stuck or failing, or is healthy again — into one POST to
+the job's ``alert_webhook``, else the jobs file's global one. They go out like pings
+(:mod:`fleetcron.pings`): in the background, never blocking the scheduler, in order per
+job, each try bounded, retried with back-off, the URL's secret path never logged.
+
+The body (``application/json``)::
+
+    {"event": "overdue", "job": "invoices", "namespace": "prod", "state": "overdue",
+     "summary": "invoices: overdue: no success since the slot of 2026-12-01T07:35:00Z …",
+     "reasons": ["no success since the slot of …"], "slot": "2026-12-01T07:35:00Z",
+     "expected_slot": "…", "last_success": "…", "last_run": {"slot": "…", "state": "…"},
+     "at": "2026-12-01T07:41:02Z", "replica": "host:pid:…"}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+
+from fleetcron.pings import AsyncPinger, Ping
+from fleetcron.schedules import iso_utc
+from fleetcron.scheduling.monitor import Alert
+
+__all__ = ["AlertSender", "payload"]
+
+
+def _iso(moment_us: int | None) -> str | None:
+    return None if moment_us is None else iso_utc(moment_us)
+
+
+def payload(alert: Alert, namespace: str, replica: str) -> dict[str, object]:
+    """The JSON document of ``alert``."""
+    health = alert.health
+    last = health.last_run
+    return {
+        "event": alert.event,
+        "job": alert.job,
+        "namespace": namespace,
+        "state": health.state,
+        "summary": f"{alert.job}: {alert.event}"
+        + (f": {'; '.join(health.reasons)}" if health.reasons else ""),
+        "reasons": list(health.reasons),
+        "slot": _iso(alert.slot_us),
+        "expected_slot": _iso(health.expected_slot_us),
+        "last_success": _iso(health.last_success_us),
+        "last_run": None
+        if last is None
+        else {"slot": _iso(last.slot_us), "state": last.state, "error": last.error},
+        "at": _iso(health.now_us),
+        "replica": replica,
+    }
+
+
+class AlertSender:
+    """Posts each alert to its webhook through ``pinger``. ``webhooks``: the URL of each
+    job that has its own; ``default``: the jobs file's global one (``None``: none)."""
+
+    def __init__(
+        self,
+        pinger: AsyncPinger,
+        namespace: str,
+        replica: Callable[[], str],
+        webhooks: Mapping[str, str],
+        default: str | None,
+    ) -> None:
+        self._pinger = pinger
+        self._namespace = namespace
+        self._replica = replica
+        self.webhooks = dict(webhooks)
+        self.default = default
+
+    def __call__(self, alert: Alert) -> None:
+        url = self.webhooks.get(alert.job, self.default)
+        if url is None:
+            return
+        body = json.dumps(payload(alert, self._namespace, self._replica())).encode()
+        self._pinger.send(
+            Ping(
+                job=alert.job,
+                run_id=f"alert:{alert.job}",  # one queue per job: its alerts stay in order
+                kind=f"alert {alert.event}",
+                url=url,
+                body=body,
+                content_type="application/json",
+            )
+        )

@@ -1,0 +1,334 @@
+"""The dashboard as an ASGI application: :func:`create_app`.
+
+Every request reads the store afresh (one operation: :func:`~fleetcron.status.read_status`,
+plus the ledger on a job's page); the pages and the JSON come from the same view model, and
+``/api/status`` is exactly ``fleetcron status --json``.
+
+Actions (trigger, pause, resume) need the token the dashboard was started with:
+``Authorization: Bearer <token>`` on the API, the token typed into the job page's form on
+the page. Nothing is kept in the browser — no cookie, no session — so a page of another site
+has no credential to borrow, and forging a request needs the token itself: the form is
+CSRF-safe without a CSRF token. Without a configured token, every action is refused (403)
+and the pages show no form.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from fleetcron._log import log
+from fleetcron.errors import ConfigurationError, StoreError
+from fleetcron.health import JobHealth
+from fleetcron.models import RunRecord
+from fleetcron.names import validate_name
+from fleetcron.schedules import from_datetime, iso_utc
+from fleetcron.status import FleetStatus, lease_json, read_status, run_json, status_json
+from fleetcron.stores.base import AsyncStore, Operation, Operations
+from fleetcron.web import render
+
+__all__ = ["TOKEN_ENV", "create_app"]
+
+TOKEN_ENV = "FLEETCRON_WEB_TOKEN"
+LEDGER_ROWS = 50  # ledger rows a job's page and /runs show unless ?limit= says otherwise
+MAX_LEDGER_ROWS = 1000
+_FORM_LIMIT = 4096  # bytes: a form holds one token
+_SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class _Refused(Exception):
+    """An action without the right token: ``status`` 401 or 403, ``message`` says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _job_view(
+    ops: Operations, namespace: str, job: str, limit: int
+) -> Operation[tuple[FleetStatus, JobHealth | None, list[RunRecord]]]:
+    status = yield from read_status(ops, namespace, [job])
+    health = next((h for h in status.jobs if h.job == job), None)
+    runs = (yield from ops.run_list(namespace, job, limit)) if health is not None else []
+    return status, health, runs
+
+
+def _trigger(
+    ops: Operations, namespace: str, job: str, slot_us: int | None
+) -> Operation[tuple[int, bool, RunRecord | None] | None]:
+    """Queue a manual run of ``job`` at ``slot_us`` (the store's now when ``None``), as
+    ``fleetcron trigger`` does: ``None`` for an unknown job; else the slot, whether a run
+    was queued, and the slot's row when it already had one (a slot that has no row and
+    got none has not come yet)."""
+    if (yield from ops.job_get(namespace, job)) is None:
+        return None
+    slot = slot_us if slot_us is not None else (yield from ops.store_now())
+    if (yield from ops.run_record(namespace, job, slot, "queued", None, "manual")):
+        return slot, True, None
+    return slot, False, (yield from ops.run_get(namespace, job, slot))
+
+
+def _json(content: object, status: int = 200, **headers: str) -> JSONResponse:
+    return JSONResponse(content, status_code=status, headers={**_SECURITY_HEADERS, **headers})
+
+
+def _html(content: str, status: int = 200) -> HTMLResponse:
+    headers = {**_SECURITY_HEADERS, "Content-Security-Policy": render.CSP}
+    return HTMLResponse(content, status_code=status, headers=headers)
+
+
+def _job_name(request: Request) -> str | None:
+    try:
+        return validate_name(request.path_params["name"], what="job name")
+    except ConfigurationError:
+        return None  # no job can have that name
+
+
+def _limit(request: Request) -> int:
+    text = request.query_params.get("limit", "")
+    if not text:
+        return LEDGER_ROWS
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LEDGER_ROWS:
+        raise HTTPException(400, f"limit must be a whole number from 1 to {MAX_LEDGER_ROWS}")
+    return int(text)
+
+
+def _slot(request: Request) -> int | None:
+    text = request.query_params.get("slot")
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise HTTPException(400, f"slot: {text!r} is not an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # a naive time is UTC, as slots are
+    return from_datetime(moment)
+
+
+async def _form_token(request: Request) -> str | None:
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _FORM_LIMIT:
+            raise HTTPException(413, "the form is too large")
+    values = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return values.get("token", [None])[0]
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" else None
+
+
+def create_app(store: AsyncStore, namespace: str, token: str | None = None) -> Starlette:
+    """The dashboard of ``namespace`` over ``store`` (left open: its owner closes it).
+
+    ``token``: what actions must present (``None`` or empty: actions are refused).
+    Pages: ``/``, ``/jobs/{name}``, ``/leases``. API: ``GET /api/status``,
+    ``GET /api/leases``, ``GET /api/jobs/{name}/runs``, ``POST /api/jobs/{name}/trigger``
+    (``?slot=ISO`` optional), ``POST /api/jobs/{name}/pause``, ``.../resume``.
+    """
+    secret = token.encode() if token else None
+    ops = store.ops
+
+    def check(given: str | None, action: str, job: str) -> None:
+        """Refuse an action without the right token, and log the refusal."""
+        problem: _Refused | None = None
+        if secret is None:
+            problem = _Refused(
+                403, f"actions are disabled: the dashboard was started without {TOKEN_ENV}"
+            )
+        elif not given:
+            problem = _Refused(401, "this action needs the dashboard's token")
+        elif not hmac.compare_digest(given.encode(), secret):
+            problem = _Refused(401, "the token is wrong")
+        if problem is not None:
+            log.warning(
+                "dashboard: %s of %s refused: %s",
+                action,
+                job,
+                problem.message,
+                extra={"action": "web_action_refused", "job": job, "verb": action},
+            )
+            raise problem
+
+    async def act(action: str, job: str, slot_us: int | None) -> dict[str, object] | None:
+        """Carry out ``action``; ``None`` when the job is unknown."""
+        if action == "trigger":
+            done = await store.run(_trigger(ops, namespace, job, slot_us))
+            if done is None:
+                return None
+            slot, queued, existing = done
+            if not queued and existing is None:
+                raise ConfigurationError(
+                    f"the slot {iso_utc(slot)} has not come yet on the store's clock"
+                )
+            result: dict[str, object] = {
+                "job": job,
+                "slot": iso_utc(slot),
+                "queued": queued,
+                "state": "queued" if existing is None else existing.state,
+            }
+        else:
+            paused = action == "pause"
+            if not await store.run(ops.job_set_paused(namespace, job, paused)):
+                return None
+            result = {"job": job, "paused": paused}
+        log.info(
+            "dashboard: %s %s",
+            action,
+            job,
+            extra={"action": f"web_{action}", **result},
+        )
+        return result
+
+    # -- pages -----------------------------------------------------------------------------
+    async def index(request: Request) -> Response:
+        status = await store.run(read_status(ops, namespace))
+        return _html(render.index_page(status))
+
+    async def leases(request: Request) -> Response:
+        status = await store.run(read_status(ops, namespace, []))  # no job's ledger
+        return _html(render.leases_page(status))
+
+    async def job_page(request: Request, *, refused: _Refused | None = None) -> Response:
+        job, limit = _job_name(request), _limit(request)
+        if job is None:
+            return _not_found_page(request, None)
+        status, health, runs = await store.run(_job_view(ops, namespace, job, limit))
+        if health is None:
+            return _not_found_page(request, status.now_us)
+        page = render.job_page(
+            status,
+            health,
+            runs,
+            actions=secret is not None,
+            notice=request.query_params.get("done"),
+            refused=None if refused is None else f"Refused: {refused.message}. Nothing changed.",
+        )
+        # A refused form is 403: 401 would promise an Authorization challenge it has not.
+        return _html(page, 200 if refused is None else 403)
+
+    def _not_found_page(request: Request, now_us: int | None) -> Response:
+        name = request.path_params["name"]
+        message = f"There is no job named {name!r} in namespace {namespace!r}."
+        return _html(render.error_page(namespace, now_us, "No such job", message), 404)
+
+    def form_action(action: str) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            job = _job_name(request)
+            try:
+                check(await _form_token(request), action, job or request.path_params["name"])
+            except _Refused as refused:
+                return await job_page(request, refused=refused)
+            result = None if job is None else await act(action, job, None)
+            if job is None or result is None:
+                return _not_found_page(request, None)
+            if action == "trigger":
+                notice = "queued" if result["queued"] else "exists"
+            else:
+                notice = "paused" if action == "pause" else "resumed"
+            target = f"{render.job_path(job)}?done={notice}"
+            return RedirectResponse(target, status_code=303, headers=_SECURITY_HEADERS)
+
+        return handle
+
+    # -- the API ---------------------------------------------------------------------------
+    async def api_status(request: Request) -> Response:
+        return _json(status_json(await store.run(read_status(ops, namespace))))
+
+    async def api_leases(request: Request) -> Response:
+        return _json([lease_json(lease) for lease in await store.run(ops.lease_list(namespace))])
+
+    async def api_runs(request: Request) -> Response:
+        job, limit = _job_name(request), _limit(request)
+        if job is None:
+            return _unknown_job(request)
+        _status, health, runs = await store.run(_job_view(ops, namespace, job, limit))
+        if health is None:
+            return _unknown_job(request)
+        return _json([run_json(run) for run in runs])
+
+    def _unknown_job(request: Request) -> Response:
+        name = request.path_params["name"]
+        return _json({"error": f"no job named {name!r} in namespace {namespace!r}"}, 404)
+
+    def api_action(action: str) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            job = _job_name(request)
+            try:
+                check(_bearer(request), action, job or request.path_params["name"])
+            except _Refused as refused:
+                challenge = {"WWW-Authenticate": 'Bearer realm="fleetcron"'}
+                headers = challenge if refused.status == 401 else {}
+                return _json({"error": refused.message}, refused.status, **headers)
+            slot = _slot(request) if action == "trigger" else None
+            try:
+                result = None if job is None else await act(action, job, slot)
+            except ConfigurationError as exc:
+                return _json({"error": exc.message}, 400)
+            if result is None:
+                return _unknown_job(request)
+            status = 202 if result.get("queued") else 200
+            return _json(result, status)
+
+        return handle
+
+    # -- errors ----------------------------------------------------------------------------
+    def wants_json(request: Request) -> bool:
+        return request.url.path.startswith("/api/")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = exc.status_code
+        detail = f"no page at {request.url.path}" if code == 404 else exc.detail
+        if wants_json(request):
+            return _json({"error": detail}, code)
+        try:
+            title = HTTPStatus(code).phrase
+        except ValueError:
+            title = "Error"
+        return _html(render.error_page(namespace, None, title, detail), code)
+
+    async def store_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StoreError)
+        log.warning(
+            "dashboard: %s",
+            exc,
+            extra={"action": "web_store_error", "path": request.url.path},
+        )
+        message = f"the store could not be read: {exc}"
+        if wants_json(request):
+            return _json({"error": message}, 503)
+        return _html(render.error_page(namespace, None, "Store unavailable", message), 503)
+
+    actions = ("trigger", "pause", "resume")
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/leases", leases, methods=["GET"]),
+        Route("/api/status", api_status, methods=["GET"]),
+        Route("/api/leases", api_leases, methods=["GET"]),
+        Route("/api/jobs/{name:path}/runs", api_runs, methods=["GET"]),
+        *(Route(f"/api/jobs/{{name:path}}/{a}", api_action(a), methods=["POST"]) for a in actions),
+        *(Route(f"/jobs/{{name:path}}/{a}", form_action(a), methods=["POST"]) for a in actions),
+        Route("/jobs/{name:path}", job_page, methods=["GET"]),
+    ]
+    handlers: dict[Any, Any] = {HTTPException: http_error, StoreError: store_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
