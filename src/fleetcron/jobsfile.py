@@ -90,8 +90,11 @@ __all__ = ["MAX_JOBS_FILE_BYTES", "MODES", "JobsFile", "Mode", "load_jobs_file"]
 Mode = Literal["claim", "leader"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 
-_SETTINGS_KEYS = frozenset({"backend", "namespace", "mode", "retention", "retention_keep"})
-_RETENTION_KEYS = ("retention", "retention_keep")
+_SETTINGS_KEYS = frozenset(
+    {"backend", "namespace", "mode", "retention", "retention_keep", "alert_webhook"}
+)
+# [fleetcron] keys that are every job's default (a job's own value wins).
+_RETENTION_KEYS = ("retention", "retention_keep", "alert_webhook")
 MAX_JOBS_FILE_BYTES = 16 * 1_048_576  # far above 10,000 jobs; a runaway file is refused
 _DUPLICATE_JOB = re.compile(r"Cannot declare \('jobs', (['\"])(.*)\1\) twice (\(.*\))")
 
@@ -110,6 +113,7 @@ class JobsFile:
     mode: Mode | None = None
     retention_us: int | None = None
     retention_keep: int | None = None
+    alert_webhook: str | None = None  # also in each job that does not set its own
 
     def __post_init__(self) -> None:
         unique_jobs(self.jobs, where=str(self.path) if self.path else "jobs")
@@ -184,6 +188,7 @@ def _settings(table: object, where: str) -> _Settings:
         now_us=None,
     )
     retention_us, retention_keep = checker.retention()
+    checker.ping_url("alert_webhook")  # refused here, naming [fleetcron], when bad
     return _Settings(
         backend=backend,
         namespace=namespace,
@@ -192,6 +197,10 @@ def _settings(table: object, where: str) -> _Settings:
         retention_keep=retention_keep,
         job_defaults=job_defaults,
     )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _toml_error(where: str, exc: tomllib.TOMLDecodeError) -> str:
@@ -282,4 +291,5 @@ def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
         mode=settings.mode,
         retention_us=settings.retention_us,
         retention_keep=settings.retention_keep,
+        alert_webhook=_text(settings.job_defaults.get("alert_webhook")),
     )

@@ -83,6 +83,7 @@ DEFAULTS: Mapping[str, str | int | bool | None] = MappingProxyType(
         "isolate": "none",
         "retention": None,  # not set: the [fleetcron] table's, else DEFAULT_RETENTION's
         "retention_keep": None,
+        "alert_webhook": None,
     }
 )
 
@@ -163,6 +164,7 @@ class JobSpec:
     isolate: Isolate = "none"
     retention_us: int | None = None
     retention_keep: int | None = None
+    alert_webhook: str | None = None
 
     @property
     def retention(self) -> Retention:
@@ -200,6 +202,11 @@ class JobSpec:
             **({"isolate": self.isolate} if self.isolate != "none" else {}),
             **({"retention_us": self.retention_us} if self.retention_us is not None else {}),
             **({"retention_keep": self.retention_keep} if self.retention_keep is not None else {}),
+            **(
+                {"alert_webhook": _digest(self.alert_webhook)}
+                if self.alert_webhook is not None
+                else {}
+            ),
         }
 
     def fingerprint(self) -> str:
@@ -433,16 +440,16 @@ class JobBuilder:
             self.fail("call", exc.message)
         return CallTarget(value.strip(), function)
 
-    def ping_url(self) -> str | None:
-        value = self.value("ping_url")
+    def ping_url(self, key: str = "ping_url") -> str | None:
+        value = self.value(key)
         if value is None:
             return None
         if not isinstance(value, str):
-            self.fail("ping_url", f"must be a string, not {type(value).__name__}")
+            self.fail(key, f"must be a string, not {type(value).__name__}")
         try:
             return check_ping_url(value)  # the message shows the URL without its secret
         except ConfigurationError as exc:
-            self.fail("ping_url", exc.message)
+            self.fail(key, exc.message)
 
     def keepalive(self) -> bool:
         value = self.value("keepalive")
@@ -482,6 +489,7 @@ class JobBuilder:
         retries = self.integer("retries", minimum=0)
         keepalive = self.keepalive()
         ping_url = self.ping_url()
+        alert_webhook = self.ping_url("alert_webhook")
         isolate = self.choice("isolate", ISOLATE_CHOICES)
         retention, retention_keep = self.retention()
         if isolate == "process" and not isinstance(target, CallTarget):
@@ -545,6 +553,7 @@ class JobBuilder:
             isolate=isolate,
             retention_us=retention,
             retention_keep=retention_keep,
+            alert_webhook=alert_webhook,
         )
 
 

@@ -21,10 +21,11 @@ import itertools
 import json
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from fleetcron._log import log
+from fleetcron.alerts import AlertSender
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import JobSpec
@@ -90,6 +91,7 @@ class SchedulerOptions:
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     monitor_s: float = DEFAULT_MONITOR_S
     retention_s: float = DEFAULT_RETENTION_S
+    alert_webhook: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,12 +186,21 @@ class AsyncScheduler:
             replica_info(options.mode, self.definitions.local),
             every_s=options.heartbeat_s,
         )
+        # The webhooks of the monitor's alerts: a job's own, else the file's global one.
+        self.alerts = AlertSender(
+            self.supervisor.pings,
+            options.namespace,
+            lambda: self.heartbeat.info.replica_id,
+            _webhooks(self.specs.values()),
+            options.alert_webhook,
+        )
         self.monitor = Monitor(
             store,
             options.namespace,
             self.holder,
             every_s=options.monitor_s or DEFAULT_MONITOR_S,
             on_status=metrics.watched if metrics is not None else None,
+            on_alert=self.alerts,
             specs=self.specs,
             retention_s=options.retention_s,
             clock=clock,
@@ -703,6 +714,10 @@ class AsyncScheduler:
         )
 
     # -- running -------------------------------------------------------------------------
+
+
+def _webhooks(specs: Iterable[JobSpec]) -> dict[str, str]:
+    return {spec.name: spec.alert_webhook for spec in specs if spec.alert_webhook is not None}
 
 
 class StoreOutage:

@@ -171,6 +171,7 @@ def run_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         shutdown_grace_s=grace / 1e6,
         backend_url=url.raw,
+        alert_webhook=jobs_file.alert_webhook,
     )
     if not jobs_file.jobs:
         raise ConfigurationError(f"{args.jobs_file}: no jobs defined ([jobs.NAME] tables)")
