@@ -17,7 +17,7 @@ from fleetcron.stores.base import Operation
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.testing import FakeClock
 from fleetcron.web import create_app
-from fleetcron.web.app import TOKEN_ENV
+from fleetcron.web.app import LOOPBACK_HOSTS, TOKEN_ENV
 from fleetcron.web.render import sparkline
 
 T = TypeVar("T")
@@ -322,3 +322,12 @@ def test_the_sparkline_draws_the_durations_under_lock_at_most() -> None:
     assert "3 successful run(s): last 3s, longest 4s; lock_at_most 8s" in svg
     assert "polyline" not in sparkline([S], None)
     assert "svg" not in sparkline([], 8 * S)
+
+
+def test_a_dashboard_on_the_loopback_answers_only_localhost_names(store: MemoryStore) -> None:
+    app = create_app(AsyncMemoryStore(store), NS, TOKEN, allowed_hosts=LOOPBACK_HOSTS)
+    with TestClient(app, base_url="http://127.0.0.1:8080") as client:
+        assert client.get("/api/status").status_code == 200
+        assert client.get("/api/status", headers={"Host": "localhost:8080"}).status_code == 200
+        rebound = client.get("/api/status", headers={"Host": "attacker.example:8080"})
+        assert rebound.status_code == 400

@@ -76,11 +76,12 @@ async def _serve(
     listener: socket.socket, store: AsyncStore, namespace: str, work: Awaitable[None] | None
 ) -> None:
     """Serve the dashboard until ``work`` ends (or, without work, until SIGTERM/SIGINT)."""
-    from fleetcron.web.app import create_app
+    from fleetcron.web.app import LOOPBACK_HOSTS, create_app
     from fleetcron.web.server import WebServer, address_url, is_loopback
 
     token = web_token()
-    server = WebServer(create_app(store, namespace, token), listener)
+    hosts = LOOPBACK_HOSTS if is_loopback(listener) else None
+    server = WebServer(create_app(store, namespace, token, allowed_hosts=hosts), listener)
     url = address_url(listener)
     if token is not None and not is_loopback(listener):
         log.warning(

@@ -15,7 +15,7 @@ and the pages show no form.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
@@ -23,6 +23,8 @@ from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -37,7 +39,9 @@ from fleetcron.status import FleetStatus, lease_json, read_status, run_json, sta
 from fleetcron.stores.base import AsyncStore, Operation, Operations
 from fleetcron.web import render
 
-__all__ = ["TOKEN_ENV", "create_app"]
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+__all__ = ["LOOPBACK_HOSTS", "TOKEN_ENV", "create_app"]
 
 TOKEN_ENV = "FLEETCRON_WEB_TOKEN"
 LEDGER_ROWS = 50  # ledger rows a job's page and /runs show unless ?limit= says otherwise
@@ -137,10 +141,19 @@ def _bearer(request: Request) -> str | None:
     return credentials.strip() if scheme.lower() == "bearer" else None
 
 
-def create_app(store: AsyncStore, namespace: str, token: str | None = None) -> Starlette:
+def create_app(
+    store: AsyncStore,
+    namespace: str,
+    token: str | None = None,
+    *,
+    allowed_hosts: Sequence[str] | None = None,
+) -> Starlette:
     """The dashboard of ``namespace`` over ``store`` (left open: its owner closes it).
 
     ``token``: what actions must present (``None`` or empty: actions are refused).
+    ``allowed_hosts``: the ``Host`` headers answered (``None``: any) — a dashboard on the
+    loopback answers only ``localhost`` names, so a web page cannot reach it through a
+    DNS name rebound to 127.0.0.1 and read it.
     Pages: ``/``, ``/jobs/{name}``, ``/leases``. API: ``GET /api/status``,
     ``GET /api/leases``, ``GET /api/jobs/{name}/runs``, ``POST /api/jobs/{name}/trigger``
     (``?slot=ISO`` optional), ``POST /api/jobs/{name}/pause``, ``.../resume``.
@@ -331,4 +344,9 @@ def create_app(store: AsyncStore, namespace: str, token: str | None = None) -> S
         Route("/jobs/{name:path}", job_page, methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {HTTPException: http_error, StoreError: store_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    middleware = (
+        [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+        if allowed_hosts is not None
+        else []
+    )
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
