@@ -21,15 +21,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
+from fleetcron.jobspec import JobSpec
 from fleetcron.pings import AsyncPinger, Ping
-from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.monitor import Alert
+from fleetcron.status import iso
 
 __all__ = ["AlertSender", "payload"]
-
-
-def _iso(moment_us: int | None) -> str | None:
-    return None if moment_us is None else iso_utc(moment_us)
 
 
 def payload(alert: Alert, namespace: str, replica: str) -> dict[str, object]:
@@ -44,37 +41,40 @@ def payload(alert: Alert, namespace: str, replica: str) -> dict[str, object]:
         "summary": f"{alert.job}: {alert.event}"
         + (f": {'; '.join(health.reasons)}" if health.reasons else ""),
         "reasons": list(health.reasons),
-        "slot": _iso(alert.slot_us),
-        "expected_slot": _iso(health.expected_slot_us),
-        "last_success": _iso(health.last_success_us),
+        "slot": iso(alert.slot_us),
+        "expected_slot": iso(health.expected_slot_us),
+        "last_success": iso(health.last_success_us),
         "last_run": None
         if last is None
-        else {"slot": _iso(last.slot_us), "state": last.state, "error": last.error},
-        "at": _iso(health.now_us),
+        else {"slot": iso(last.slot_us), "state": last.state, "error": last.error},
+        "at": iso(health.now_us),
         "replica": replica,
     }
 
 
 class AlertSender:
-    """Posts each alert to its webhook through ``pinger``. ``webhooks``: the URL of each
-    job that has its own; ``default``: the jobs file's global one (``None``: none)."""
+    """Posts each alert to its webhook through ``pinger``: the job's ``alert_webhook`` in
+    ``specs`` (read at send time, so a reload's change holds at once), else ``default``,
+    the jobs file's global one (``None``: none)."""
 
     def __init__(
         self,
         pinger: AsyncPinger,
         namespace: str,
         replica: Callable[[], str],
-        webhooks: Mapping[str, str],
+        specs: Mapping[str, JobSpec],
         default: str | None,
     ) -> None:
         self._pinger = pinger
         self._namespace = namespace
         self._replica = replica
-        self.webhooks = dict(webhooks)
+        self._specs = specs
         self.default = default
 
     def __call__(self, alert: Alert) -> None:
-        url = self.webhooks.get(alert.job, self.default)
+        spec = self._specs.get(alert.job)
+        own = spec.alert_webhook if spec is not None else None
+        url = own if own is not None else self.default
         if url is None:
             return
         body = json.dumps(payload(alert, self._namespace, self._replica())).encode()

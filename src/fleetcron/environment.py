@@ -14,6 +14,7 @@ SECRET_VARS = (
     "PGPASSWORD",
     "MYSQL_PWD",
     "REDISCLI_AUTH",
+    "FLEETCRON_WEB_TOKEN",  # the dashboard's actions: a job must not trigger or pause jobs
 )
 
 

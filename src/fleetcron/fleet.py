@@ -82,7 +82,25 @@ def _check_backend(backend: object, *, store_allowed: bool) -> None:
     raise ConfigurationError(f"backend must be {wanted}, not {type(backend).__name__}{hint}")
 
 
-class Fleet(JobRegistry):
+class _Observed:
+    """What the sync and the async fleet share to be watched: their schedulers' metrics."""
+
+    _metrics: Metrics | None = None
+
+    @property
+    def metrics(self) -> Metrics:
+        """The Prometheus metrics of this fleet's schedulers (:mod:`fleetcron.metrics`)."""
+        if self._metrics is None:
+            self._metrics = Metrics()
+        return self._metrics
+
+    def metrics_app(self) -> Any:
+        """An ASGI app serving :attr:`metrics` in the Prometheus text format, to mount in
+        a web application (``prometheus_client.make_asgi_app``)."""
+        return make_asgi_app(self.metrics.registry)
+
+
+class Fleet(JobRegistry, _Observed):
     """A store and a namespace; hands out leases with fencing tokens (sync API).
 
     ``backend`` is a URL (``sqlite:///…``, ``postgresql://…``, ``mysql://…``,
@@ -110,7 +128,6 @@ class Fleet(JobRegistry):
             self.store = backend
             self._owns_store = False
         JobRegistry.__init__(self)
-        self._metrics: Metrics | None = None
         self._background: Scheduler | None = None
         self._portal: Portal | None = None  # where the keepalives of its leases run
         self._portal_lock = threading.Lock()
@@ -138,18 +155,6 @@ class Fleet(JobRegistry):
             close_store=self._url is not None,
             metrics=self.metrics,
         )
-
-    @property
-    def metrics(self) -> Metrics:
-        """The Prometheus metrics of this fleet's schedulers (:mod:`fleetcron.metrics`)."""
-        if self._metrics is None:
-            self._metrics = Metrics()
-        return self._metrics
-
-    def metrics_app(self) -> Any:
-        """An ASGI app serving :attr:`metrics` in the Prometheus text format, to mount in
-        a web application (``prometheus_client.make_asgi_app``)."""
-        return make_asgi_app(self.metrics.registry)
 
     def status(self, jobs: Sequence[str] | None = None) -> FleetStatus:
         """Every job's health read from the store (:mod:`fleetcron.health`), worst
@@ -421,7 +426,7 @@ class Fleet(JobRegistry):
         self.close()
 
 
-class AsyncFleet(JobRegistry):
+class AsyncFleet(JobRegistry, _Observed):
     """The asyncio twin of :class:`Fleet`. Create with ``await AsyncFleet.connect(url)``."""
 
     def __init__(
@@ -433,7 +438,6 @@ class AsyncFleet(JobRegistry):
                 "use `await AsyncFleet.connect(url)` for a URL"
             )
         JobRegistry.__init__(self)
-        self._metrics: Metrics | None = None
         self.store = store
         self.namespace = resolve_namespace(namespace)
         self.clock = clock
@@ -629,17 +633,6 @@ class AsyncFleet(JobRegistry):
             clock=self.clock,
             metrics=self.metrics,
         )
-
-    @property
-    def metrics(self) -> Metrics:
-        """Async :attr:`Fleet.metrics`."""
-        if self._metrics is None:
-            self._metrics = Metrics()
-        return self._metrics
-
-    def metrics_app(self) -> Any:
-        """Async :meth:`Fleet.metrics_app`."""
-        return make_asgi_app(self.metrics.registry)
 
     async def status(self, jobs: Sequence[str] | None = None) -> FleetStatus:
         """Async :meth:`Fleet.status`."""

@@ -29,8 +29,8 @@ The rules (docs/operations.md):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from fleetcron.errors import ConfigurationError
@@ -44,7 +44,6 @@ __all__ = [
     "JobState",
     "assess",
     "expected_slot",
-    "unhealthy",
 ]
 
 JobState = Literal["ok", "running", "overdue", "failing", "stuck", "paused", "unknown"]
@@ -87,7 +86,6 @@ class JobHealth:
     durations_us: tuple[int, ...]  # recent successful run durations, oldest first
     reasons: tuple[str, ...]  # why the state is what it is, one line each
     now_us: int
-    extra: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -100,11 +98,6 @@ class JobHealth:
         if self.running is None or self.running.started_us is None:
             return None
         return self.now_us - self.running.started_us
-
-
-def unhealthy(states: Sequence[JobHealth]) -> list[JobHealth]:
-    """The jobs ``status --check`` fails on."""
-    return [health for health in states if not health.healthy]
 
 
 def _grace(schedule: Schedule, slot_us: int, grace_us: int | None) -> int:

@@ -87,6 +87,7 @@ DEFAULTS: Mapping[str, str | int | bool | None] = MappingProxyType(
     }
 )
 
+MAX_COUNT = 2**31 - 1  # every count is stored in a 32-bit integer column or argument
 MIN_EVERY_US = 100_000  # every slot is a ledger row and a claim: not a busy loop
 JOB_KEYS: frozenset[str] = frozenset({"schedule", "every", "at", "command", "call", *DEFAULTS})
 _SCHEDULE_KEYS = ("schedule", "every", "at")
@@ -342,6 +343,8 @@ class JobBuilder:
             self.fail(key, f"must be an integer, not {value!r}")
         if value < minimum:
             self.fail(key, f"must be at least {minimum}, got {value}")
+        if value > MAX_COUNT:
+            self.fail(key, f"must be at most {MAX_COUNT}, got {value}")
         return value
 
     def choice(self, key: str, allowed: tuple[_Choice, ...]) -> _Choice:

@@ -23,26 +23,13 @@ from fleetcron.stores.base import AsyncStore, Capability, Operation, Operations
 if TYPE_CHECKING:
     from fleetcron.status import FleetStatus
 
-__all__ = ["DURATION_BUCKETS", "InstrumentedStore", "Metrics", "skip_reason"]
+__all__ = ["DURATION_BUCKETS", "InstrumentedStore", "Metrics"]
 
 T = TypeVar("T")
 
 # Seconds: from a quick job to a long batch (lock_at_most defaults to 10 minutes).
 DURATION_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 _STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-
-
-_SKIP_REASONS = (
-    ("previous run", "previous_running"),
-    ("paused", "paused"),
-    ("abandoned", "abandoned"),
-    ("already", "already_ran"),
-)
-
-
-def skip_reason(why: str) -> str:
-    """The ``reason`` label of a skipped slot, from the reason text the ledger records."""
-    return next((key for text, key in _SKIP_REASONS if text in why), "other")
 
 
 class Metrics:
@@ -59,7 +46,7 @@ class Metrics:
         self.slots_skipped = Counter(
             "fleetcron_slots_skipped",
             "Slots this replica recorded skipped, by reason (previous_running, paused, "
-            "abandoned, not_claimed).",
+            "abandoned, superseded).",
             ["job", "reason"],
             registry=r,
         )

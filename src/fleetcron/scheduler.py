@@ -21,7 +21,7 @@ import itertools
 import json
 import random
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from fleetcron._log import log
@@ -31,8 +31,9 @@ from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import JobSpec
 from fleetcron.keepalive import backoff_s
 from fleetcron.lease import new_holder
-from fleetcron.metrics import InstrumentedStore, Metrics, skip_reason
+from fleetcron.metrics import InstrumentedStore, Metrics
 from fleetcron.models import ClaimResult, DefinitionConflict, JobRecord, RunRecord, SlotClaim
+from fleetcron.pings import check_ping_url
 from fleetcron.schedules import AtSchedule, iso_utc
 from fleetcron.scheduling.definitions import Definitions
 from fleetcron.scheduling.heartbeat import (
@@ -93,6 +94,32 @@ class SchedulerOptions:
     retention_s: float = DEFAULT_RETENTION_S
     alert_webhook: str | None = None
 
+    def __post_init__(self) -> None:
+        """Every problem is a :class:`ConfigurationError` naming the option."""
+        if self.mode not in ("claim", "leader"):
+            raise ConfigurationError(f"mode must be claim or leader, not {self.mode!r}")
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
+            raise ConfigurationError(f"concurrency must be an integer, got {self.concurrency!r}")
+        if self.concurrency < 1:
+            raise ConfigurationError("concurrency must be at least 1")
+        # (name, value, whether 0 is allowed): 0 turns the monitor or retention off.
+        for name, zero_ok in (
+            ("tick_s", False),
+            ("shutdown_grace_s", True),
+            ("kill_grace_s", True),
+            ("heartbeat_s", False),
+            ("monitor_s", True),
+            ("retention_s", True),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigurationError(f"{name} must be a number of seconds, not {value!r}")
+            if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
+                wanted = "must not be negative" if zero_ok else "must be positive"
+                raise ConfigurationError(f"{name} {wanted}, not {value!r}")
+        if self.alert_webhook is not None:
+            check_ping_url(self.alert_webhook)
+
 
 @dataclass(frozen=True, slots=True)
 class Reload:
@@ -124,14 +151,6 @@ class AsyncScheduler:
         clock: Clock = SYSTEM_CLOCK,
         metrics: Metrics | None = None,
     ) -> None:
-        if options.mode not in ("claim", "leader"):
-            raise ConfigurationError(f"mode must be claim or leader, not {options.mode!r}")
-        if options.concurrency < 1:
-            raise ConfigurationError("concurrency must be at least 1")
-        if not options.heartbeat_s > 0:
-            raise ConfigurationError(f"heartbeat_s must be positive, not {options.heartbeat_s!r}")
-        if not options.monitor_s >= 0:
-            raise ConfigurationError(f"monitor_s must not be negative: {options.monitor_s!r}")
         self.metrics = metrics
         if metrics is not None:
             store = InstrumentedStore(store, metrics)
@@ -191,7 +210,7 @@ class AsyncScheduler:
             self.supervisor.pings,
             options.namespace,
             lambda: self.heartbeat.info.replica_id,
-            _webhooks(self.specs.values()),
+            self.specs,
             options.alert_webhook,
         )
         self.monitor = Monitor(
@@ -254,8 +273,11 @@ class AsyncScheduler:
                 await self._loop(self._stop)
         finally:
             try:
-                await self.monitor.stop()
-                await self.supervisor.drain()
+                try:
+                    await self.monitor.stop()
+                finally:
+                    # Whatever stopped the monitor, the runs in flight get their grace.
+                    await self.supervisor.drain()
             finally:
                 await self.heartbeat.leave()
 
@@ -270,14 +292,15 @@ class AsyncScheduler:
         new = {spec.name: spec for spec in jobs}
         fingerprints = {name: spec.fingerprint() for name, spec in new.items()}
         local = self.definitions.local
-        change = Reload(
-            added=tuple(sorted(set(new) - set(self.specs))),
-            changed=tuple(
-                sorted(n for n in new if n in self.specs and fingerprints[n] != local[n])
-            ),
-            removed=tuple(sorted(set(self.specs) - set(new))),
-        )
         async with self._reloading:
+            # Under the lock: a second reload compares with what the first one applied.
+            change = Reload(
+                added=tuple(sorted(set(new) - set(self.specs))),
+                changed=tuple(
+                    sorted(n for n in new if n in self.specs and fingerprints[n] != local[n])
+                ),
+                removed=tuple(sorted(set(self.specs) - set(new))),
+            )
             for name in change.removed:
                 del self.specs[name]
                 self._jobs.pop(name, None)
@@ -643,7 +666,7 @@ class AsyncScheduler:
             if claim.job in self.definitions.conflicts:
                 continue  # not the job's slot: nothing is recorded for it
             try:
-                await self._skip(claim, ABANDONED_REASON)
+                await self._skip(claim, ABANDONED_REASON, "abandoned")
             except StoreError:
                 self._pending.extendleft(reversed(blocked[index:]))
                 raise
@@ -674,7 +697,7 @@ class AsyncScheduler:
             self._pending.append(claim)  # not due by the store's clock yet: later
             return False
         if status == "paused":
-            await self._skip(claim, "job paused")
+            await self._skip(claim, "job paused", "paused")
             return False
         ns = self.options.namespace
         overlap = job.spec.overlap
@@ -683,6 +706,7 @@ class AsyncScheduler:
                 await self._skip(
                     SlotClaim(job=claim.job, slot_us=min(job.buffered, claim.slot_us), run_id=""),
                     "superseded by a newer slot while the job was running",
+                    "superseded",
                 )
             job.buffered = max(claim.slot_us, job.buffered or 0)
             if overlap == "cancel_other":
@@ -694,17 +718,18 @@ class AsyncScheduler:
                     extra={"action": "run_cancel_requested", "job": claim.job},
                 )
             return False
-        await self._skip(claim, "previous run still running (overlap = skip)")
+        await self._skip(claim, "previous run still running (overlap = skip)", "previous_running")
         return False
 
-    async def _skip(self, claim: SlotClaim, why: str) -> None:
+    async def _skip(self, claim: SlotClaim, why: str, reason: str) -> None:
+        """Record ``claim``'s slot skipped with ``why``; ``reason``: its metric label."""
         await self.store.run(
             self.ops.run_record(
                 self.options.namespace, claim.job, claim.slot_us, "skipped", why, "schedule"
             )
         )
         if self.metrics is not None:
-            self.metrics.skipped(claim.job, skip_reason(why))
+            self.metrics.skipped(claim.job, reason)
         log.info(
             "%s: slot %s skipped: %s",
             claim.job,
@@ -714,10 +739,6 @@ class AsyncScheduler:
         )
 
     # -- running -------------------------------------------------------------------------
-
-
-def _webhooks(specs: Iterable[JobSpec]) -> dict[str, str]:
-    return {spec.name: spec.alert_webhook for spec in specs if spec.alert_webhook is not None}
 
 
 class StoreOutage:

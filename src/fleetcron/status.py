@@ -29,6 +29,7 @@ __all__ = [
     "FINGERPRINT_SHOWN",
     "HISTORY",
     "FleetStatus",
+    "iso",
     "job_json",
     "lease_json",
     "read_status",
@@ -99,6 +100,8 @@ def read_status(
     rows = yield from ops.job_list(namespace)
     leases = yield from ops.lease_list(namespace)
     replicas = yield from ops.replica_list(namespace, REPLICA_RETAIN_US)
+    if isinstance(jobs, str):
+        jobs = [jobs]  # one job's name, not the characters of it
     wanted = set(jobs) if jobs is not None else None
     selected = [row for row in rows if wanted is None or row.job in wanted]
     found = {row.job for row in selected}
@@ -124,7 +127,8 @@ def read_status(
 
 
 # -- the JSON shape: ISO 8601 times, durations in seconds, holders without their token ----
-def _iso(moment_us: int | None) -> str | None:
+def iso(moment_us: int | None) -> str | None:
+    """:func:`~fleetcron.schedules.iso_utc`, passing ``None`` through."""
     return None if moment_us is None else iso_utc(moment_us)
 
 
@@ -136,13 +140,13 @@ def _run(run: RunRecord | None) -> dict[str, object] | None:
     if run is None:
         return None
     return {
-        "slot": _iso(run.slot_us),
+        "slot": iso(run.slot_us),
         "state": run.state,
         "attempt": run.attempt,
         "fence": run.fence,
         "holder": display_holder(run.holder),
-        "started": _iso(run.started_us),
-        "finished": _iso(run.finished_us),
+        "started": iso(run.started_us),
+        "finished": iso(run.finished_us),
         "exit_code": run.exit_code,
         "error": run.error,
     }
@@ -159,16 +163,16 @@ def job_json(health: JobHealth) -> dict[str, object]:
         "schedule": health.schedule,
         "timezone": health.timezone,
         "paused": health.paused,
-        "next_slot": _iso(health.next_slot_us),
-        "expected_slot": _iso(health.expected_slot_us),
+        "next_slot": iso(health.next_slot_us),
+        "expected_slot": iso(health.expected_slot_us),
         "grace_s": _seconds(health.grace_us),
         "overdue": health.overdue,
         "failing": health.failing,
         "stuck": health.stuck,
         "starved": health.starved,
         "last_run": _run(health.last_run),
-        "last_success": _iso(health.last_success_us),
-        "last_failure": _iso(health.last_failure_us),
+        "last_success": iso(health.last_success_us),
+        "last_failure": iso(health.last_failure_us),
         "running": _run(running),
         "holder": display_holder(running.holder) if running is not None else None,
         "lease_age_s": _seconds(health.lease_age_us),
@@ -189,9 +193,9 @@ def replica_json(replica: ReplicaRecord, *, differs: bool = False) -> dict[str, 
         "mode": replica.mode,
         "jobs_fingerprint": replica.jobs_fingerprint,
         "alive": replica.alive,
-        "started": _iso(replica.started_us),
-        "last_seen": _iso(replica.last_seen_us),
-        "expires": _iso(replica.expires_us),
+        "started": iso(replica.started_us),
+        "last_seen": iso(replica.last_seen_us),
+        "expires": iso(replica.expires_us),
         "silent_s": _seconds(replica.silent_us),
         "differs": differs,
     }
@@ -203,14 +207,14 @@ def status_json(status: FleetStatus) -> dict[str, object]:
     differing = status.differing_replicas
     return {
         "namespace": status.namespace,
-        "now": _iso(status.now_us),
+        "now": iso(status.now_us),
         "healthy": not status.unhealthy,
         "leader": None
         if leader is None
         else {
             "holder": leader.holder_display,
             "fence": leader.fence,
-            "since": _iso(leader.acquired_us),
+            "since": iso(leader.acquired_us),
         },
         "jobs": [job_json(health) for health in status.jobs],
         "replicas": [
@@ -230,8 +234,8 @@ def lease_json(lease: LeaseRecord) -> dict[str, object]:
         "holder": lease.holder_display,
         "fence": lease.fence,
         "held": held,
-        "acquired": _iso(lease.acquired_us),
-        "expires": _iso(lease.expires_us),
+        "acquired": iso(lease.acquired_us),
+        "expires": iso(lease.expires_us),
         "held_for_s": _seconds(lease.now_us - lease.acquired_us) if held else None,
         "expires_in_s": _seconds(lease.expires_us - lease.now_us) if held else None,
     }
@@ -251,14 +255,14 @@ def run_json(run: RunRecord) -> dict[str, object]:
     final = run.state in FINAL_STATES
     return {
         "job": run.job,
-        "slot": _iso(run.slot_us),
+        "slot": iso(run.slot_us),
         "state": run.state,
         "attempt": run.attempt,
         "fence": run.fence,
         "holder": display_holder(run.holder) or None,
         "trigger": run.trigger,
-        "started": _iso(run.started_us),
-        "finished": _iso(run.finished_us) if final else None,
+        "started": iso(run.started_us),
+        "finished": iso(run.finished_us) if final else None,
         "duration_s": None if duration is None else round(duration / 1e6, 3),
         "exit_code": run.exit_code,
         "error": run.error,

@@ -502,3 +502,10 @@ def test_the_stored_definition_keeps_no_ping_url_in_clear() -> None:
     assert "secret" not in stored
     assert "hc-ping" not in stored
     assert one.fingerprint() != other.fingerprint()
+
+
+def test_a_count_beyond_a_32_bit_column_is_refused_at_load(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text('[jobs.a]\nevery = "1m"\ncommand = ["true"]\nretention_keep = 99999999999999\n')
+    with pytest.raises(ConfigurationError, match=r"retention_keep.*at most 2147483647"):
+        load_jobs_file(str(jobs))

@@ -219,3 +219,9 @@ def test_sqlite_and_memory_urls_that_would_be_ignored_are_refused(url: str, prob
     with pytest.raises(ConfigurationError) as raised:
         parse_store_url(url)
     assert problem in raised.value.message
+
+
+@pytest.mark.parametrize("query", ["timeout=1e12", "connect_timeout=1e12", "timeout=400d"])
+def test_a_timeout_beyond_a_year_is_refused_not_crashing_the_driver(query: str) -> None:
+    with pytest.raises(ConfigurationError, match="at most a year"):
+        parse_store_url(f"mysql://root@db/app?{query}")

@@ -34,7 +34,7 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.fleet import Fleet
-from fleetcron.jobspec import check_job_name
+from fleetcron.jobspec import MAX_COUNT, check_job_name
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
 from fleetcron.scheduling.retention import COUNT_LIMIT
@@ -336,6 +336,8 @@ def _prune(args: argparse.Namespace) -> int:
             to_micros(older, what="--older-than")
         if args.keep is not None and args.keep < 0:
             raise ConfigurationError(f"--keep must be 0 or more, got {args.keep}")
+        if args.keep is not None and args.keep > MAX_COUNT:
+            raise ConfigurationError(f"--keep must be at most {MAX_COUNT}, got {args.keep}")
         job = None if args.job is None else check_job_name(args.job, "--job")
         with _fleet(args) as fleet:
             pruned = fleet.prune_runs(

@@ -18,11 +18,11 @@ from fleetcron.durations import format_duration
 from fleetcron.models import display_holder
 from fleetcron.names import validate_name
 from fleetcron.schedules import iso_utc
-from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, job_json, read_status, status_json
+from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, iso, read_status, status_json
 from fleetcron.stores import open_store, resolve_backend
 from fleetcron.terms import resolve_namespace
 
-__all__ = ["add_parser", "job_json", "run", "status_json"]
+__all__ = ["add_parser", "run"]
 
 _Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
 
@@ -42,10 +42,6 @@ def add_parser(commands: argparse._SubParsersAction[_Parser], parents: Sequence[
         action="store_true",
         help="exit 1 when a job is overdue, failing or stuck (75: store unreachable)",
     )
-
-
-def _iso(moment_us: int | None) -> str | None:
-    return None if moment_us is None else iso_utc(moment_us)
 
 
 def _ago(moment_us: int | None, now_us: int) -> str:
@@ -68,14 +64,14 @@ def _table(status: FleetStatus) -> list[str]:
     rows = [header]
     for health in status.jobs:
         last = health.last_run
-        last_text = "-" if last is None else f"{_iso(last.slot_us)} {last.state}"
+        last_text = "-" if last is None else f"{iso(last.slot_us)} {last.state}"
         running = health.running
         rows.append(
             (
                 health.job,
                 health.state,
                 health.schedule,
-                _iso(health.next_slot_us) or "-",
+                iso(health.next_slot_us) or "-",
                 last_text,
                 _ago(health.last_success_us, status.now_us),
                 display_holder(running.holder) if running is not None else "-",

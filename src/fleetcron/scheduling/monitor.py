@@ -195,6 +195,11 @@ class Monitor:
                 extra={"action": "runs_prune_failed"},
             )
             return None
+        except Exception:
+            # A defect must not end retention without a word (the task's error would
+            # only surface at shutdown).
+            log.exception("retention pass failed", extra={"action": "runs_prune_failed"})
+            return None
         finally:
             self.pruned.set()
         self.last_pass = result
@@ -220,8 +225,13 @@ class Monitor:
 
     async def _watch_forever(self) -> None:
         while True:
-            await self.watch()
-            self._prune_if_due()
+            try:
+                await self.watch()
+                self._prune_if_due()
+            except Exception:
+                # A defect (a callback, an unreadable row) must not stop the dead man's
+                # switch silently: say so and watch again next period.
+                log.exception("monitor: watch failed", extra={"action": "monitor_failed"})
             await asyncio.sleep(self.every_s)
 
     async def stop(self) -> None:

@@ -184,9 +184,7 @@ class Supervisor:
             # Cancelled (the replica's shutdown) before an outcome: the lease must not go on
             # renewing a run that no longer exists; it expires and the ledger recovers it.
             lease.cancel_keepalive()
-            self.running.pop((record.job, record.slot_us), None)
-            if self.metrics is not None:
-                self.metrics.in_flight.set(len(self.running))
+            self._release(entry)
             stopped = RunOutcome(state="lost", error="the replica stopped before the run ended")
             self._ping_finish(entry, stopped, None)
             raise
@@ -194,9 +192,7 @@ class Supervisor:
             if timer is not None:
                 timer.cancel()
         accepted: bool | None = None
-        if self.metrics is not None:
-            ran_s = (self.clock.monotonic_us() - started_us) / 1e6
-            self.metrics.finished(spec.name, outcome.state, ran_s)
+        ran_s = (self.clock.monotonic_us() - started_us) / 1e6
         try:
             accepted = await self._finish(entry, lease, outcome)
         except Exception:
@@ -208,11 +204,19 @@ class Supervisor:
                 extra={"action": "run_finish_failed", "job": spec.name},
             )
         finally:
-            self._ping_finish(entry, outcome, accepted)
-            self.running.pop((record.job, record.slot_us), None)
             if self.metrics is not None:
-                self.metrics.in_flight.set(len(self.running))
+                # As the ledger has it: an outcome it refused was a lost lease.
+                final = "lost" if accepted is False else outcome.state
+                self.metrics.finished(spec.name, final, ran_s)
+            self._ping_finish(entry, outcome, accepted)
+            self._release(entry)
             self._on_done()
+
+    def _release(self, entry: Running) -> None:
+        """The attempt is no longer in flight on this replica."""
+        self.running.pop((entry.record.job, entry.record.slot_us), None)
+        if self.metrics is not None:
+            self.metrics.in_flight.set(len(self.running))
 
     def _ping_finish(self, entry: Running, outcome: RunOutcome, accepted: bool | None) -> None:
         """Ping the attempt's end (``accepted``: whether the ledger took its outcome,

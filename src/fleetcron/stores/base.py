@@ -240,9 +240,9 @@ class Operations(Protocol):
         """Delete the job's row (definition, pause flag, progress) unless the job has a
         ``queued`` or ``running`` run; whether it was deleted — ``False``, changing
         nothing, when it has such a run or no row. With ``dry_run``, whether it would be.
-        The job's run rows and its job lease stay: prune the runs first
-        (:meth:`run_prune_job` with ``keep`` and age 0); the lease row keeps the job's
-        fences increasing should it come back."""
+        The job's run rows and its job lease stay: prune the runs afterwards
+        (:meth:`run_prune_job` with ``keep`` 0 and age 0), as ``fleetcron prune --jobs``
+        does; the lease row keeps the job's fences increasing should it come back."""
         ...
 
     def job_register(

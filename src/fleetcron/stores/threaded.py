@@ -26,13 +26,14 @@ _inline = threading.local()
 def run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` to completion in this thread. Over a :class:`ThreadedAsyncStore`
     it never suspends; if it did, that is a bug."""
+    outer = getattr(_inline, "active", False)  # a nested call must not end the outer one
     _inline.active = True
     try:
         coroutine.send(None)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     finally:
-        _inline.active = False
+        _inline.active = outer
     coroutine.close()
     raise RuntimeError("an operation driven inline waited on the event loop")
 

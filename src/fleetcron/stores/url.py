@@ -41,6 +41,7 @@ SCHEMES = {
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 30.0
 _TIMEOUT_PARAMS = ("timeout", "connect_timeout")
+_MAX_TIMEOUT_S = 31_536_000  # a year: PyMySQL's own limit, and within every socket's
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,10 +169,10 @@ def _seconds(text: str, key: str, redacted: str) -> float:
             value = parse_duration(text, what=key) / 1_000_000
         except ConfigurationError:
             value = -1.0
-    if not value > 0 or value == float("inf"):
+    if not 0 < value <= _MAX_TIMEOUT_S:
         raise ConfigurationError(
             f"backend URL {redacted!r}: {key} must be a positive number of seconds or a "
-            f"duration such as 500ms or 5s, not {text!r}"
+            f"duration such as 500ms or 5s (at most a year), not {text!r}"
         )
     return value
 

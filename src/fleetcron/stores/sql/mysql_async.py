@@ -19,7 +19,7 @@ from fleetcron.stores.sql.mysql import (
     split_results,
     translate,
 )
-from fleetcron.stores.sql.runner import AsyncSqlStore
+from fleetcron.stores.sql.runner import AsyncSqlStore, timed_out
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncMysqlStore"]
@@ -93,9 +93,7 @@ class AsyncMysqlStore(AsyncSqlStore):
         except TimeoutError:
             # Mid-protocol: the connection cannot be reused.
             await self._drop_connection()
-            raise StoreUnavailable(
-                f"{self.url} did not answer within {self._timeout_s:g} s (the URL's timeout)"
-            ) from None
+            raise timed_out(self._url) from None
         except pymysql.err.MySQLError as exc:
             error = translate(exc)
             assert error is not None

@@ -8,7 +8,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -27,7 +27,7 @@ from fleetcron.errors import (
 )
 from fleetcron.stores.base import Capability, SqlResult, connect_error
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
-from fleetcron.stores.sql.runner import AsyncSqlStore, SqlSyncStore, store_error
+from fleetcron.stores.sql.runner import AsyncSqlStore, SqlSyncStore, store_error, timed_out
 from fleetcron.stores.sql.watchdog import Deadline, deadline
 from fleetcron.stores.url import StoreURL
 
@@ -38,7 +38,6 @@ __all__ = [
     "PostgresOperations",
     "PostgresStore",
     "check_conninfo",
-    "timed_out",
 ]
 
 R = TypeVar("R")
@@ -112,13 +111,6 @@ def check_conninfo(url: StoreURL) -> None:
             f"backend URL {url.redacted!r}: sslmode must be one of {', '.join(_SSLMODES)}, "
             f"not {sslmode!r}"
         )
-
-
-def timed_out(url: StoreURL) -> StoreUnavailable:
-    """The error of a round trip cut by its deadline."""
-    return StoreUnavailable(
-        f"{url.redacted} did not answer within {url.timeout_s:g} s (the backend URL's timeout)"
-    )
 
 
 def _result(cur: Any) -> SqlResult:
@@ -214,11 +206,15 @@ class PostgresStore(SqlSyncStore):
             fd = conn.pgconn.socket
             try:
                 with deadline(fd, self._url.timeout_s) as limit:
-                    return work(conn)
+                    result = work(conn)
             except psycopg.Error as exc:
                 if limit.expired:
                     raise timed_out(self._url) from exc
                 raise
+            if limit.expired:
+                # Cut just after the reply came: the result stands, the socket does not.
+                self._discard()
+            return result
 
         return super()._guarded(bounded)
 
@@ -326,18 +322,35 @@ class AsyncPostgresStore(AsyncSqlStore):
         with contextlib.suppress(psycopg.Error):
             await conn.close()
 
-    async def _execute_text(self, sql: str, params: dict[str, object]) -> SqlResult:
-        conn = await self._connection()
+    async def _bounded(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        work: Callable[[], Awaitable[R]],
+        *,
+        in_transaction: bool = False,
+    ) -> R:
+        """Run ``work`` under the read timeout's watchdog, translating driver errors; a
+        connection cut or broken is dropped (the next statement reconnects)."""
         limit = Deadline()
         try:
             with deadline(conn.pgconn.socket, self._url.timeout_s) as limit:
-                return await self._execute_on(conn, sql, params)
+                result = await work()
         except psycopg.Error as exc:
             error = timed_out(self._url) if limit.expired else translate(exc)
             assert error is not None
             if isinstance(error, StoreUnavailable):
                 await self._drop_connection()
+            elif in_transaction:
+                await _end_failed_transaction_async(conn)
             raise error from exc
+        if limit.expired:
+            # Cut just after the reply came: the result stands, the socket does not.
+            await self._drop_connection()
+        return result
+
+    async def _execute_text(self, sql: str, params: dict[str, object]) -> SqlResult:
+        conn = await self._connection()
+        return await self._bounded(conn, lambda: self._execute_on(conn, sql, params))
 
     async def _execute_on(
         self, conn: psycopg.AsyncConnection[Any], sql: str, params: dict[str, object]
@@ -359,27 +372,21 @@ class AsyncPostgresStore(AsyncSqlStore):
     ) -> list[SqlResult]:
         conn = await self._connection()
         cursors = [conn.cursor() for _ in batch]
-        limit = Deadline()
+
+        async def work() -> list[SqlResult]:
+            async with conn.cursor() as side, conn.pipeline():
+                for cur, params in zip(cursors, batch, strict=True):
+                    await side.execute(_BEGIN)
+                    await cur.execute(sql, params)
+                    await side.execute(_COMMIT)
+            results = []
+            for cur in cursors:
+                rows = await cur.fetchall() if cur.description is not None else []
+                results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
+            return results
+
         try:
-            with deadline(conn.pgconn.socket, self._url.timeout_s) as limit:
-                async with conn.cursor() as side, conn.pipeline():
-                    for cur, params in zip(cursors, batch, strict=True):
-                        await side.execute(_BEGIN)
-                        await cur.execute(sql, params)
-                        await side.execute(_COMMIT)
-                results = []
-                for cur in cursors:
-                    rows = await cur.fetchall() if cur.description is not None else []
-                    results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
-                return results
-        except psycopg.Error as exc:
-            error = timed_out(self._url) if limit.expired else translate(exc)
-            assert error is not None
-            if isinstance(error, StoreUnavailable):
-                await self._drop_connection()
-            else:
-                await _end_failed_transaction_async(conn)
-            raise error from exc
+            return await self._bounded(conn, work, in_transaction=True)
         finally:
             for cur in cursors:
                 await cur.close()

@@ -32,7 +32,7 @@ from fleetcron.stores.sql.files import Migration, load_migrations, load_queries
 from fleetcron.stores.statements import Query, QueryBatch
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["AsyncSqlStore", "SqlSyncStore", "store_error"]
+__all__ = ["AsyncSqlStore", "SqlSyncStore", "store_error", "timed_out"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -190,6 +190,13 @@ class SqlSyncStore(ABC):
 def _driver_message(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def timed_out(url: StoreURL) -> StoreUnavailable:
+    """The error of a round trip given up on after the backend URL's ``timeout``."""
+    return StoreUnavailable(
+        f"{url.redacted} did not answer within {url.timeout_s:g} s (the backend URL's timeout)"
+    )
 
 
 def store_error(kind: type[StoreError], exc: BaseException, prefix: str = "") -> StoreError:

@@ -265,11 +265,10 @@ class SqliteStore(SqlSyncStore):
                     applied.append(migration.name)
                 conn.execute("COMMIT")
             except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                _roll_back(conn)
                 raise
         except sqlite3.Error as exc:
-            error = translate(exc)
+            error = self._translate(exc)  # a full disk is said as such here too
             assert error is not None
             raise error from exc
         return applied
