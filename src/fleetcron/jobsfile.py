@@ -36,6 +36,7 @@ retries        ``0``       extra attempts after a failure
 retry_backoff  ``30s``     delay before a retry
 jitter         ``0s``      deterministic start delay per (job, slot), at most this long
 grace          none        overdue (alert) when no success by slot + grace
+stuck_after    none        a run holding its slot longer is *stuck* (none: 3 × recent p95)
 ping_url       none        healthchecks-style URL
 keepalive      ``true``    renew the lease while the job runs; false = killed at lock_at_most
 isolate        ``none``    ``process``: run a ``call`` job in a child process, killable

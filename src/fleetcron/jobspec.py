@@ -78,6 +78,7 @@ DEFAULTS: Mapping[str, str | int | bool | None] = MappingProxyType(
         "retry_backoff": "30s",
         "jitter": "0s",
         "grace": None,
+        "stuck_after": None,  # not set: from the job's recent durations (fleetcron.health)
         "ping_url": None,
         "keepalive": True,
         "isolate": "none",
@@ -166,6 +167,9 @@ class JobSpec:
     retention_us: int | None = None
     retention_keep: int | None = None
     alert_webhook: str | None = None
+    stuck_after_us: int | None = None
+    """A run holding its slot longer than this is *stuck* (``None``: judged from the job's
+    recent durations, :mod:`fleetcron.health`)."""
 
     @property
     def retention(self) -> Retention:
@@ -203,6 +207,7 @@ class JobSpec:
             **({"isolate": self.isolate} if self.isolate != "none" else {}),
             **({"retention_us": self.retention_us} if self.retention_us is not None else {}),
             **({"retention_keep": self.retention_keep} if self.retention_keep is not None else {}),
+            **({"stuck_after_us": self.stuck_after_us} if self.stuck_after_us is not None else {}),
             **(
                 {"alert_webhook": _digest(self.alert_webhook)}
                 if self.alert_webhook is not None
@@ -486,6 +491,7 @@ class JobBuilder:
         retry_backoff = self.required_duration("retry_backoff")
         jitter = self.required_duration("jitter")
         grace = self.duration("grace", positive=True)
+        stuck_after = self.duration("stuck_after", positive=True)
         overlap = self.choice("overlap", OVERLAP_POLICIES)
         catchup = self.choice("catchup", CATCHUP_POLICIES)
         max_catchup = self.integer("max_catchup", minimum=1)
@@ -557,6 +563,7 @@ class JobBuilder:
             retention_us=retention,
             retention_keep=retention_keep,
             alert_webhook=alert_webhook,
+            stuck_after_us=stuck_after,
         )
 
 

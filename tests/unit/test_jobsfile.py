@@ -4,16 +4,20 @@ import json
 import os
 import sys
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from fleetcron import jobsfile
+from fleetcron import Fleet, jobsfile
 from fleetcron.errors import ConfigurationError
+from fleetcron.health import assess
 from fleetcron.jobsfile import JobsFile, load_jobs_file
 from fleetcron.jobspec import DEFAULTS, CallTarget, CommandTarget, job_spec, unique_jobs
+from fleetcron.models import JobRecord, RunRecord
 from fleetcron.schedules import AtSchedule, CronSchedule, EverySchedule, from_datetime
+from fleetcron.testing import MemoryStore
 
 SECOND = 1_000_000
 MINUTE = 60 * SECOND
@@ -71,6 +75,7 @@ retries = 2
 retry_backoff = "1m"
 jitter = "20s"
 grace = "10m"
+stuck_after = "45m"
 ping_url = "https://hc-ping.example/abc"
 keepalive = false
 
@@ -107,6 +112,7 @@ command = ["report"]
     assert sweep.retry_backoff_us == MINUTE
     assert sweep.jitter_us == 20 * SECOND
     assert sweep.grace_us == 10 * MINUTE
+    assert sweep.stuck_after_us == 45 * MINUTE
     assert sweep.ping_url == "https://hc-ping.example/abc"
     assert sweep.keepalive is False
 
@@ -137,6 +143,7 @@ def test_defaults_are_applied_and_documented(tmp_path: Path) -> None:
     assert job.retry_backoff_us == 30 * SECOND
     assert job.jitter_us == 0
     assert job.grace_us is None
+    assert job.stuck_after_us is None
     assert job.ping_url is None
     assert job.keepalive is True
     assert DEFAULTS["lock_at_most"] == "10m"
@@ -215,6 +222,10 @@ BASE = 'every = "1m"\ncommand = ["true"]\n'
         (BASE + 'lock_at_least = "-1s"', "lock_at_least", "negative duration"),
         (BASE + 'timeout = "-5s"', "timeout", "negative duration"),
         (BASE + 'grace = "-1h"', "grace", "negative duration"),
+        (BASE + 'stuck_after = "-1h"', "stuck_after", "negative duration '-1h'"),
+        (BASE + 'stuck_after = "0s"', "stuck_after", "must be positive, got '0s'"),
+        (BASE + "stuck_after = 3600", "stuck_after", "write a string with a unit"),
+        (BASE + 'stuck_after = "a while"', "stuck_after", "'a while' is not a duration"),
         (BASE + 'retry_backoff = "-1s"', "retry_backoff", "negative duration"),
         (BASE + 'catchup_window = "-1s"', "catchup_window", "negative duration"),
         (BASE + 'jitter = "-1s"', "jitter", "negative duration"),
@@ -509,3 +520,76 @@ def test_a_count_beyond_a_32_bit_column_is_refused_at_load(tmp_path: Path) -> No
     jobs.write_text('[jobs.a]\nevery = "1m"\ncommand = ["true"]\nretention_keep = 99999999999999\n')
     with pytest.raises(ConfigurationError, match=r"retention_keep.*at most 2147483647"):
         load_jobs_file(str(jobs))
+
+
+# --- stuck_after ---------------------------------------------------------------------------
+
+
+def test_stuck_after_is_in_the_definition_only_when_set(tmp_path: Path) -> None:
+    plain = load_jobs_file(write(tmp_path, f"[jobs.j]\n{BASE}")).jobs[0]
+    path = write(tmp_path, f'[jobs.j]\n{BASE}stuck_after = "2h"\n', "stuck.toml")
+    stuck = load_jobs_file(path).jobs[0]
+
+    # A job without the key keeps the fingerprint it had before the key existed.
+    assert "stuck_after_us" not in plain.definition()
+    assert stuck.definition()["stuck_after_us"] == 2 * HOUR
+    assert {**stuck.definition(), "stuck_after_us": None} != plain.definition()
+    assert stuck.fingerprint() != plain.fingerprint()
+
+
+def test_stuck_after_from_python_and_what_status_makes_of_it() -> None:
+    fleet = Fleet(MemoryStore(), namespace="ns")
+
+    @fleet.job(every="1m", stuck_after=timedelta(minutes=5))
+    def sweep() -> None: ...
+
+    (spec,) = fleet.jobs
+    assert spec.stuck_after_us == 5 * MINUTE
+    assert job_spec("j", where="api", every="1m", command=["x"], stuck_after=90).stuck_after_us == (
+        90 * SECOND
+    )
+    with pytest.raises(ConfigurationError, match=r"Fleet\.job: job 'late': key 'stuck_after'"):
+        fleet.job("late", every="1m", stuck_after="-5m")(lambda: None)
+
+    # The stored definition carries it to the health rules: a run holding its slot past
+    # it is stuck, with no history of durations to go by.
+    started = NOW - 6 * MINUTE
+    row = JobRecord(
+        namespace="ns",
+        job=spec.name,
+        paused=False,
+        definition=json.dumps(spec.definition()),
+        fingerprint=spec.fingerprint(),
+        high_water_us=started,
+        last_success_us=None,
+        last_failure_us=None,
+        updated_us=started,
+        now_us=NOW,
+    )
+    running = RunRecord(
+        namespace="ns",
+        job=spec.name,
+        slot_us=started,
+        state="running",
+        attempt=1,
+        fence=1,
+        holder="host:1",
+        run_id="r",
+        trigger="schedule",
+        started_us=started,
+        finished_us=None,
+        expires_us=NOW + MINUTE,
+        retry_at_us=None,
+        cancel_requested=False,
+        exit_code=None,
+        error=None,
+        output=None,
+        now_us=NOW,
+    )
+    health = assess(row, [running])
+    assert health.stuck_after_us == 5 * MINUTE
+    assert health.stuck
+    plain = json.loads(row.definition)
+    del plain["stuck_after_us"]
+    unset = assess(replace(row, definition=json.dumps(plain)), [running])
+    assert not unset.stuck  # no durations known: no default threshold yet

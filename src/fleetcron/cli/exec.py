@@ -6,11 +6,17 @@ can be stopped together when the lease is lost or ``--timeout`` elapses. With
 ``--ping-url`` the run's start and end are pinged (:mod:`fleetcron.pings`) from a
 background thread; at the end they get a few seconds to go out, and never change the
 exit status.
+
+With ``--schedule`` the run is a slot of the run ledger, and the job's definition — the
+:class:`~fleetcron.jobspec.JobSpec` the options amount to (:func:`exec_job_spec`) — is
+registered before each claim, so ``fleetcron status`` and the watching replica judge the
+job by its schedule (overdue, stuck) like a job of a jobs file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -33,11 +39,12 @@ from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.fleet import Fleet
+from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec
 from fleetcron.keepalive import effective_grace_us, stop_points
-from fleetcron.lease import Lease, new_holder
-from fleetcron.models import RunOutcome, SlotClaim
+from fleetcron.lease import Lease, LeaseTerms, new_holder
+from fleetcron.models import JobRecord, RunOutcome, SlotClaim
 from fleetcron.pings import Pinger, check_ping_url, finish_ping, start_ping
-from fleetcron.schedules import Schedule, iso_utc
+from fleetcron.schedules import CronSchedule, Schedule, iso_utc, schedule_from_definition
 from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import SlotLease
 from fleetcron.stores.base import SyncStore
@@ -46,6 +53,7 @@ from fleetcron.terms import lease_terms
 __all__ = [
     "ExecOptions",
     "child_environment",
+    "exec_job_spec",
     "exec_options",
     "latest_slot",
     "option_micros",
@@ -70,6 +78,8 @@ class ExecOptions:
     skipped_exit_code: int
     kill_grace_us: int
     ping_url: str | None = None
+    grace_us: int | None = None  # --grace (only with --schedule)
+    stuck_after_us: int | None = None  # --stuck-after (only with --schedule)
 
 
 def option_micros(value: str, option: str, *, positive: bool) -> int:
@@ -122,6 +132,16 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
             check_ping_url(ping_url)
         except ConfigurationError as exc:
             raise ConfigurationError(f"--ping-url: {exc.message}") from None
+    judged: dict[str, int | None] = {}
+    for option in ("--grace", "--stuck-after"):
+        value: str | None = getattr(args, option[2:].replace("-", "_"), None)
+        if value is not None and getattr(args, "schedule", None) is None:
+            # Without a schedule there is no slot to be late for and no ledger row to
+            # judge: accepting the option would promise an alert that never comes.
+            raise ConfigurationError(
+                f"{option} needs --schedule (only a scheduled exec is in the run ledger)"
+            )
+        judged[option] = None if value is None else option_micros(value, option, positive=True)
     return ExecOptions(
         name=args.name,
         command=tuple(command),
@@ -133,6 +153,8 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
         skipped_exit_code=args.skipped_exit_code,
         kill_grace_us=grace,
         ping_url=ping_url,
+        grace_us=judged["--grace"],
+        stuck_after_us=judged["--stuck-after"],
     )
 
 
@@ -426,6 +448,114 @@ def latest_slot(schedule: Schedule, now_us: int) -> int | None:
     return None
 
 
+def _default_us(key: str) -> int:
+    value = DEFAULTS[key]
+    assert isinstance(value, str)  # a duration key with a default
+    return to_micros(value, what=key)
+
+
+def exec_job_spec(
+    options: ExecOptions, schedule: Schedule, terms: LeaseTerms, backend_url: str | None
+) -> JobSpec:
+    """The job definition an ``exec --schedule`` invocation amounts to: what it registers.
+
+    It is the definition a ``[jobs.NAME]`` table with the same ``schedule``, ``timezone``,
+    ``command``, ``lock_at_most``, ``lock_at_least``, ``timeout``, ``keepalive``,
+    ``ping_url``, ``grace`` and ``stuck_after``, and ``overlap = "skip"``, ``catchup =
+    "skip"`` gets — the other keys at their defaults (no retries, no jitter) — so a replica
+    defining the job that way agrees with the crontab line. Nothing is checked here beyond
+    what :func:`exec_options` and ``lease_terms`` checked: registering must not refuse
+    an invocation that ran before. The command's arguments are stored with the store's
+    password masked (:class:`~fleetcron.scrub.Scrubber`), as a run's output is: a shell
+    that expanded ``$FLEETCRON_BACKEND`` into them must not leave it in the job row.
+    """
+    scrubber = Scrubber(backend_url)
+    max_catchup = DEFAULTS["max_catchup"]
+    assert isinstance(max_catchup, int)
+    return JobSpec(
+        name=options.name,
+        schedule=schedule,
+        timezone=schedule.timezone if isinstance(schedule, CronSchedule) else "UTC",
+        target=CommandTarget(tuple(scrubber.scrub(arg) for arg in options.command)),
+        lock_at_most_us=terms.lock_at_most_us,
+        lock_at_least_us=terms.lock_at_least_us,
+        timeout_us=options.timeout_us,
+        overlap="skip",  # a slot whose previous run still holds the job is skipped
+        catchup="skip",  # cron fires each slot; nothing runs a missed one later
+        catchup_window_us=_default_us("catchup_window"),
+        max_catchup=max_catchup,
+        retries=0,  # the claim allows one attempt (max_attempts=1)
+        retry_backoff_us=_default_us("retry_backoff"),
+        jitter_us=0,
+        grace_us=options.grace_us,
+        ping_url=options.ping_url,
+        keepalive=options.keepalive,
+        stuck_after_us=options.stuck_after_us,
+    )
+
+
+def _register(
+    store: SyncStore, namespace: str, spec: JobSpec, fingerprint: str
+) -> JobRecord | None:
+    """Write ``spec`` as the job's registered definition (one round trip), and say so at
+    warning level when it replaced a different one; returns the row as it was."""
+    stored = json.dumps(spec.definition(), sort_keys=True)
+    (before,) = store.run(store.ops.job_register(namespace, [(spec.name, stored, fingerprint)]))
+    if before is not None and before.fingerprint not in ("", fingerprint):
+        _say_replaced(spec, stored, fingerprint, before)
+    return before
+
+
+def _say_replaced(spec: JobSpec, stored: str, fingerprint: str, before: JobRecord) -> None:
+    # Two crontab lines (or a crontab line and a jobs file) defining one name differently
+    # take turns replacing each other's definition, and status follows whichever ran last:
+    # said at warning level, so it reaches the cron mail of every line involved.
+    mine: dict[str, object] = json.loads(stored)
+    try:
+        loaded = json.loads(before.definition)
+    except ValueError:
+        loaded = None
+    theirs: dict[str, object] = loaded if isinstance(loaded, dict) else {}
+    differs = sorted(
+        _key_name(key) for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key)
+    )
+    log.warning(
+        "job %s: this definition (%s, %s) replaced a different one (%s, %s; differs in: %s) "
+        "registered at %s — by this line before it was changed, another `fleetcron exec "
+        "--schedule` line, or a replica's jobs file. While both are in use each registration "
+        "replaces the other and status follows the latest: give each its own name, or make "
+        "them agree",
+        spec.name,
+        spec.schedule.describe(),
+        fingerprint[:12],
+        _describe_schedule(theirs.get("schedule")),
+        before.fingerprint[:12],
+        ", ".join(differs) or "-",
+        iso_utc(before.updated_us),
+        extra={
+            "action": "job_definition_conflict",
+            "job": spec.name,
+            "local_fingerprint": fingerprint,
+            "replaced_fingerprint": before.fingerprint,
+            "differs": ",".join(differs),
+        },
+    )
+
+
+def _key_name(key: str) -> str:
+    """A definition key as the jobs file names it (``lock_at_most_us`` → ``lock_at_most``)."""
+    return "command" if key == "target" else key.removesuffix("_us")
+
+
+def _describe_schedule(definition: object) -> str:
+    if isinstance(definition, dict):
+        try:
+            return schedule_from_definition(definition).describe()
+        except (ConfigurationError, KeyError, TypeError, ValueError):
+            pass
+    return "no readable schedule"
+
+
 # Why a slot was not claimed (fleetcron.models.CLAIM_STATUSES), for the log line.
 _NOT_CLAIMED = {
     "taken": "it already ran or is running",
@@ -454,11 +584,17 @@ def run_exec_schedule(
         lock_at_least=options.lock_at_least,
         keepalive=options.keepalive,
     )
+    spec = exec_job_spec(options, schedule, terms, backend_url)
+    fingerprint = spec.fingerprint()
     now = store.run(ledger.store_now())
     upcoming = schedule.next_after(now)
     if upcoming is not None and upcoming - now <= _EARLY_TOLERANCE_US:
         time.sleep((upcoming - now) / 1e6)
         now = store.run(ledger.store_now())
+    # Registered on every invocation, just before the claim: status then knows the job's
+    # schedule (overdue, stuck), and the row stays fresh for `prune --jobs` even on hosts
+    # whose invocations are all skipped.
+    _register(store, namespace, spec, fingerprint)
     slot = latest_slot(schedule, now)
     if slot is None:
         log.info(
@@ -475,10 +611,32 @@ def run_exec_schedule(
         max_attempts=1,
         trigger="exec",
         least_us=terms.lock_at_least_us,
+        # Another definition registered between ours and this claim is refused (conflict).
+        fingerprint=fingerprint,
     )
     sent = clock.monotonic_us()
     (answer,) = store.run(ledger.run_claim(namespace, [claim], new_holder(), terms.lock_at_most_us))
     slot_text = iso_utc(slot)
+    if answer.status == "conflict":
+        stored = answer.stored_fingerprint or "?"
+        log.warning(
+            "%s: slot %s skipped: another definition of the job (%s) was registered between "
+            "this one (%s) and the claim — by another `fleetcron exec --schedule` line or a "
+            "replica's jobs file; give each its own name, or make them agree",
+            options.name,
+            slot_text,
+            stored[:12],
+            fingerprint[:12],
+            extra={
+                "action": "job_definition_conflict",
+                "job": options.name,
+                "slot_us": slot,
+                "status": answer.status,
+                "local_fingerprint": fingerprint,
+                "stored_fingerprint": stored,
+            },
+        )
+        return options.skipped_exit_code
     if answer.run is None:
         # A ledger fact, shown at the default level (-q hides it): every host of a fleet
         # but one sees it for each slot, and a slot that is never run shows up here.

@@ -53,6 +53,8 @@ _VALUE_OPTIONS = frozenset(
         "--timeout",
         "--wait",
         "--kill-grace",
+        "--grace",
+        "--stuck-after",
         "--older-than",
         "--skipped-exit-code",
         "--shutdown-grace",
@@ -153,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="join the run ledger: run once per slot of CRON across every host and trigger",
     )
     exec_.add_argument("--timezone", metavar="TZ", help="time zone of --schedule (default UTC)")
+    exec_.add_argument(
+        "--grace",
+        metavar="D",
+        help="with --schedule: overdue when a slot has no success by slot + D "
+        "(default one interval, at least 1m)",
+    )
+    exec_.add_argument(
+        "--stuck-after",
+        metavar="D",
+        help="with --schedule: a run holding its slot longer than D is stuck "
+        "(default 3x the p95 of recent successful runs)",
+    )
     exec_.add_argument("--lock-at-most", default=DEFAULT_LOCK_AT_MOST, metavar="D")
     exec_.add_argument("--lock-at-least", default="0s", metavar="D")
     exec_.add_argument(
