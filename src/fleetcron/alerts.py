@@ -7,13 +7,21 @@ the job's ``alert_webhook``, else the jobs file's global one. They go out like p
 (:mod:`fleetcron.pings`): in the background, never blocking the scheduler, in order per
 job, each try bounded, retried with back-off, the URL's secret path never logged.
 
+Each alert is said by one replica only: the store records it (the job's alert marker)
+before it is posted, so a change of the watching replica neither repeats it nor loses a
+recovery; a store outage delays an alert, never doubles it. Delivery of each POST is
+at least once: when an answer is lost the try is repeated, so a receiver may see the
+same POST twice; ``idempotency_key`` (the same in every try of one alert, another in
+every other alert) lets it drop the second.
+
 The body (``application/json``)::
 
     {"event": "overdue", "job": "invoices", "namespace": "prod", "state": "overdue",
      "summary": "invoices: overdue: no success since the slot of 2026-12-01T07:35:00Z …",
      "reasons": ["no success since the slot of …"], "slot": "2026-12-01T07:35:00Z",
      "expected_slot": "…", "last_success": "…", "last_run": {"slot": "…", "state": "…"},
-     "at": "2026-12-01T07:41:02Z", "replica": "host:pid:…"}
+     "at": "2026-12-01T07:41:02Z", "replica": "host:pid:…",
+     "idempotency_key": "5f0c…"}
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ def payload(alert: Alert, namespace: str, replica: str) -> dict[str, object]:
         else {"slot": iso(last.slot_us), "state": last.state, "error": last.error},
         "at": iso(health.now_us),
         "replica": replica,
+        "idempotency_key": alert.idempotency_key,
     }
 
 

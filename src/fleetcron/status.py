@@ -4,12 +4,17 @@ shape (``status --json`` and the dashboard's ``/api/status``).
 
 Reading costs one round trip for the job rows, one for the leases, one for the replicas
 and one per selected job for its recent ledger rows.
+
+The monitor's alert markers (lease rows named :data:`ALERT_MARKER_PREFIX`…, see
+:mod:`fleetcron.scheduling.monitor`) are bookkeeping, not locks: they come with the lease
+list at no extra cost but are kept apart (:attr:`FleetStatus.markers`), so no listing —
+``status``, ``locks``, the dashboard — shows them (:func:`shown_leases`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fleetcron.health import JobHealth, assess
@@ -26,9 +31,11 @@ from fleetcron.scheduling.leadership import LEADER_LEASE
 from fleetcron.stores.base import Operation, Operations
 
 __all__ = [
+    "ALERT_MARKER_PREFIX",
     "FINGERPRINT_SHOWN",
     "HISTORY",
     "FleetStatus",
+    "is_alert_marker",
     "iso",
     "job_json",
     "lease_json",
@@ -36,11 +43,25 @@ __all__ = [
     "replica_json",
     "run_duration_us",
     "run_json",
+    "shown_leases",
     "status_json",
 ]
 
 HISTORY = 50  # ledger rows read per job: the last run, durations, starvation
 FINGERPRINT_SHOWN = 12  # hex digits of a jobs fingerprint shown to people
+ALERT_MARKER_PREFIX = "fleetcron:alert:"
+"""The names of the monitor's alert markers begin with this (``fleetcron:alert:<job>``)."""
+
+
+def is_alert_marker(name: str) -> bool:
+    """Whether the lease row ``name`` is one of the monitor's alert markers, which record
+    the alerts said instead of locking anything, and which no listing shows."""
+    return name.startswith(ALERT_MARKER_PREFIX)
+
+
+def shown_leases(leases: Iterable[LeaseRecord]) -> list[LeaseRecord]:
+    """``leases`` without the alert markers: the lease rows a listing shows."""
+    return [lease for lease in leases if not is_alert_marker(lease.name)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +73,8 @@ class FleetStatus:
     jobs: tuple[JobHealth, ...]
     leader: LeaseRecord | None  # the leader lease while held (leader mode)
     unknown_jobs: tuple[str, ...]  # asked for, but the store has no row of them
-    leases: tuple[LeaseRecord, ...] = ()  # every lease row of the namespace, by name
+    leases: tuple[LeaseRecord, ...] = ()  # the namespace's lease rows but markers, by name
+    markers: tuple[LeaseRecord, ...] = ()  # the monitor's alert markers, by name
     replicas: tuple[ReplicaRecord, ...] = ()  # up, and gone within the retention, by id
 
     @property
@@ -96,7 +118,8 @@ def read_status(
     ops: Operations, namespace: str, jobs: Sequence[str] | None = None, *, history: int = HISTORY
 ) -> Operation[FleetStatus]:
     """Read the health of ``jobs`` (all when ``None``), worst first, with the namespace's
-    leases and its replicas (up, and gone within :data:`REPLICA_RETAIN_US`)."""
+    leases, its alert markers apart, and its replicas (up, and gone within
+    :data:`REPLICA_RETAIN_US`)."""
     rows = yield from ops.job_list(namespace)
     leases = yield from ops.lease_list(namespace)
     replicas = yield from ops.replica_list(namespace, REPLICA_RETAIN_US)
@@ -121,7 +144,8 @@ def read_status(
         jobs=tuple(healths),
         leader=leader,
         unknown_jobs=tuple(sorted((wanted or set()) - found)),
-        leases=tuple(leases),
+        leases=tuple(shown_leases(leases)),
+        markers=tuple(lease for lease in leases if is_alert_marker(lease.name)),
         replicas=tuple(replicas),
     )
 

@@ -57,6 +57,9 @@ async def test_an_overdue_job_posts_one_json_alert_per_slot_and_one_when_it_reco
     assert bodies[0]["namespace"] == NS
     assert bodies[0]["replica"] == "host:1:abc"
     assert "no success since the slot of" in bodies[0]["summary"]
+    keys = [b["idempotency_key"] for b in bodies]  # receivers drop a POST seen twice
+    assert len(set(keys)) == 3
+    assert all(len(key) == 32 for key in keys)
     assert len(server.received) == 3
 
 

@@ -55,6 +55,40 @@ async def test_an_overdue_job_is_said_once_per_slot_and_its_recovery_once(
     assert _actions(caplog) == ["job_overdue", "job_overdue", "job_recovered"]
 
 
+async def test_what_was_said_survives_a_change_of_watcher() -> None:
+    store, clock = _fleet()
+    said: list[tuple[str, str, int | None]] = []
+
+    def watcher(name: str) -> Monitor:
+        return Monitor(
+            AsyncMemoryStore(store),
+            NS,
+            f"{name}:1:token",
+            on_alert=lambda alert: said.append((name, alert.event, alert.slot_us)),
+        )
+
+    first = watcher("a")
+    clock.advance(11 * 60)
+    await first.watch()
+    await first.stop()
+    second = watcher("b")  # another replica, or the same one restarted
+    await second.watch()  # the slot T0+5m was said already: nothing
+    clock.advance(5 * 60)
+    await second.watch()  # a later slot is a new alert
+    clock.advance(60)  # the second stops without a word: its lease (45 s) expires
+    third = watcher("c")
+    await third.watch()
+    store.run(store.ops.job_set_paused(NS, "report", True))
+    await third.watch()
+    await third.watch()
+    assert said == [
+        ("a", "overdue", T0 + 5 * MIN),
+        ("b", "overdue", T0 + 10 * MIN),
+        ("c", "recovered", None),
+    ]
+    assert await second.watch() is None, "the third one watches now"
+
+
 async def test_only_the_replica_holding_the_monitor_lease_watches() -> None:
     store, _clock = _fleet()
     first = Monitor(AsyncMemoryStore(store), NS, "host:1:a")

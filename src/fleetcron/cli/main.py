@@ -38,6 +38,7 @@ from fleetcron.jobspec import MAX_COUNT, check_job_name
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
 from fleetcron.scheduling.retention import COUNT_LIMIT
+from fleetcron.status import shown_leases
 from fleetcron.stores import open_store, read_backend_file, resolve_backend
 from fleetcron.terms import DEFAULT_LOCK_AT_MOST, resolve_namespace
 
@@ -253,6 +254,7 @@ def _fleet(args: argparse.Namespace) -> Fleet:
 
 
 def _print_locks(records: list[LeaseRecord], as_json: bool) -> None:
+    records = shown_leases(records)  # the monitor's alert markers lock nothing
     if as_json:
         rows = [
             {

@@ -7,10 +7,30 @@ once when a job becomes overdue, stuck or failing — a log record (``job_overdu
 healthy again (``job_recovered``), and publishes the verdict as metrics. An overdue job is
 alerted again for each later slot that also passes its grace without a success.
 
-One replica watching means one alert per event across the fleet. When the watching replica
-changes (it stopped or lost the store for longer than the lease), the next one starts with
-no memory: a job still unhealthy is alerted once more, and a recovery the previous one would
-have reported is only logged if the new one saw the job unhealthy itself.
+What was said is remembered in the store, not by the watching replica, so each alert is
+said once across the fleet even when the watch moves to another replica (the watcher
+stopped, or lost the store for longer than the lease): a job's *alert marker*, the lease
+row ``fleetcron:alert:<job>``, records the last alert said of it — the monitor term (the
+fence of the monitor lease) it was said in, the event and its key (the overdue slot, the
+stuck run's fence) — in its holder. The markers come with the lease list each watch
+reads anyway; an alert costs a round trip or two, only when one is due:
+
+- the marker is replaced as compare-and-set: a held row is released by the exact
+  (holder, fence) this watch read, then the new record is acquired, which only one
+  replica can do; the replica whose writes succeed says the alert, any other says nothing.
+  A marker written in a later term than the watcher's own is left alone (that watcher's
+  view is stale). The marker's fence names the alert (:attr:`Alert.idempotency_key`).
+- a new watcher that finds a healthy job whose marker records an unhealthy event says the
+  recovery, under the same rule.
+- a store failure says nothing: the next watch tries again. An alert can be delayed by an
+  outage, never doubled. When the store took the marker but its answer was lost, the
+  watcher remembers what it tried and says it at the next watch that finds its marker
+  there; only if the watch moves to another replica before that is the alert lost.
+
+A marker is held (:data:`MARKER_TTL_US`, a year; a week once the job recovered) so
+``fleetcron prune`` never deletes a live one; there is one row per job ever alerted, and
+the marker of a job whose row is gone is released. Listings never show markers
+(:func:`fleetcron.status.is_alert_marker`).
 
 The watching replica also keeps the run ledger bounded: every ``retention_s`` it applies
 the retention rule of each job it defines (:mod:`fleetcron.scheduling.retention`), in a
@@ -21,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,26 +50,95 @@ from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.health import JobHealth
 from fleetcron.jobspec import JobSpec
-from fleetcron.models import LeaseRecord
+from fleetcron.models import LeaseRecord, display_holder
 from fleetcron.scheduling.retention import DEFAULT_RETENTION_S, PassResult, Pruner
-from fleetcron.status import FleetStatus, read_status
+from fleetcron.status import ALERT_MARKER_PREFIX, FleetStatus, read_status
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["DEFAULT_MONITOR_S", "MONITOR_LEASE", "Alert", "Monitor"]
+__all__ = [
+    "DEFAULT_MONITOR_S",
+    "MARKER_TTL_US",
+    "MONITOR_LEASE",
+    "RECOVERED_TTL_US",
+    "Alert",
+    "Monitor",
+    "alert_marker",
+]
 
 MONITOR_LEASE = "fleetcron:monitor"
 DEFAULT_MONITOR_S = 15.0
 _TTL_PERIODS = 3  # the lease outlives two missed periods
+_DAY_US = 86_400_000_000
+MARKER_TTL_US = 365 * _DAY_US
+"""How long an alert marker of an unhealthy job is held: far longer than any episode, so
+``fleetcron prune`` (which deletes only rows not held) does not delete one still owed a
+recovery. Expiry alone changes nothing (the row still records what was said); a job
+unhealthy for longer than this may be alerted once more after a prune."""
+RECOVERED_TTL_US = 7 * _DAY_US
+"""How long the marker of a recovered job is held; then ``fleetcron prune`` may delete it
+(a job without a marker has nothing owed)."""
+_MAX_MARKER_BYTES = 800  # the narrowest lease name column (MySQL VARBINARY(800))
+_EVENTS = frozenset({"overdue", "stuck", "failing", "recovered"})
+
+
+def alert_marker(job: str) -> str:
+    """The lease row that records the last alert said of ``job``: ``fleetcron:alert:<job>``,
+    or a digest of the job's name where the name would not fit a lease name."""
+    name = ALERT_MARKER_PREFIX + job
+    if len(name.encode()) <= _MAX_MARKER_BYTES:
+        return name
+    return ALERT_MARKER_PREFIX + "#" + hashlib.sha256(job.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Alert:
-    """One change of a job's health, said once by the watching replica."""
+    """One change of a job's health, said once across the fleet.
+
+    ``idempotency_key`` identifies this alert (a digest of the namespace, the marker and
+    the marker's fence): the same for every try of its webhook POST, another for every
+    other alert, so a receiver can drop a POST it already had."""
 
     job: str
     event: str  # "overdue", "stuck", "failing" or "recovered"
     health: JobHealth
     slot_us: int | None  # the overdue slot, for "overdue"
+    idempotency_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Said:
+    """What a marker records: the last alert said of a job (``key``: the overdue slot,
+    the stuck run's fence, else ``None``) and the monitor term it was said in."""
+
+    term: int
+    event: str
+    key: int | None
+
+    def encode(self) -> str:
+        return f"{self.term}.{self.event}.{'-' if self.key is None else self.key}"
+
+    @staticmethod
+    def decode(holder: str) -> _Said | None:
+        """The record in a marker's holder (``host:pid:<term>.<event>.<key>``); ``None``
+        when the row is not one the monitor wrote."""
+        parts = holder.rpartition(":")[2].split(".")
+        if len(parts) != 3 or parts[1] not in _EVENTS:
+            return None
+        try:
+            return _Said(int(parts[0]), parts[1], None if parts[2] == "-" else int(parts[2]))
+        except ValueError:
+            return None
+
+
+def _verdict(health: JobHealth) -> tuple[str, int | None] | None:
+    """The unhealthy event of ``health`` and its key, or ``None`` when it is healthy."""
+    if health.overdue:
+        return "overdue", health.expected_slot_us
+    if health.stuck:
+        return "stuck", health.running.fence if health.running is not None else None
+    if health.failing:
+        return "failing", None
+    return None
 
 
 class Monitor:
@@ -56,9 +146,10 @@ class Monitor:
 
     ``jobs``: the names to watch (``None``: every job of the namespace). ``on_status`` and
     ``on_alert`` receive what each watch found (metrics, webhooks); they must not block.
-    ``specs``: the jobs this replica defines, whose retention rules it applies every
-    ``retention_s`` while it watches (``None`` or ``0``: no retention from this replica);
-    ``clock`` times those passes.
+    Each alert is said once across the fleet: the job's alert marker in the store records
+    it (see the module's documentation). ``specs``: the jobs this replica defines, whose
+    retention rules it applies every ``retention_s`` while it watches (``None`` or ``0``:
+    no retention from this replica); ``clock`` times those passes.
     """
 
     def __init__(
@@ -86,7 +177,9 @@ class Monitor:
         self.on_alert = on_alert
         self.lease: LeaseRecord | None = None
         self.last: FleetStatus | None = None
-        self._said: dict[str, tuple[str, int | None]] = {}  # job -> (event, overdue slot)
+        # Markers this replica tried to take when the store's answer was lost: marker ->
+        # (the holder written, the alert). Said at the next watch that finds that holder.
+        self._unsure: dict[str, tuple[str, Alert]] = {}
         self._task: asyncio.Task[None] | None = None
         self.watched = asyncio.Event()  # set after each watch (tests wait on it)
         self.retention_s = retention_s
@@ -114,15 +207,19 @@ class Monitor:
             self.lease = await self.store.run(
                 ops.lease_acquire(self.namespace, MONITOR_LEASE, self.holder, ttl, 0)
             )
-            if self.lease is not None:
-                self._said.clear()  # a new watch: nothing said yet by this replica
-                if self.pruner is not None:
-                    self.pruner.new_watch()
+            if self.lease is not None and self.pruner is not None:
+                self.pruner.new_watch()
         return self.lease is not None
 
     async def watch(self) -> FleetStatus | None:
         """One watch: hold the lease, read the health, say what changed. ``None`` when
         another replica watches or the store could not be reached."""
+        try:
+            return await self._watch()
+        finally:
+            self.watched.set()
+
+    async def _watch(self) -> FleetStatus | None:
         try:
             if not await self._hold():
                 return None
@@ -130,30 +227,109 @@ class Monitor:
         except StoreError as exc:
             log.debug("monitor: %s", exc, extra={"action": "monitor_failed"})
             return None
-        finally:
-            self.watched.set()
+        assert self.lease is not None
+        term = self.lease.fence
         self.last = status
         if self.on_status is not None:
             self.on_status(status)
-        for health in status.jobs:
-            self._compare(health)
+        markers = {marker.name: marker for marker in status.markers}
+        self._say_unsure(markers)
+        job = None
+        try:
+            for health in status.jobs:
+                job = health.job
+                await self._settle(health, markers.get(alert_marker(job)), term)
+            job = None
+            if self.jobs is None:
+                await self._forget_gone(status)
+        except StoreError as exc:
+            # Nothing is said without its marker: the next watch tries again.
+            log.warning(
+                "%salert delayed: %s; the next watch tries again",
+                f"{job}: " if job is not None else "",
+                exc,
+                extra={"action": "alert_delayed", **({"job": job} if job is not None else {})},
+            )
         return status
 
-    def _compare(self, health: JobHealth) -> None:
-        event = "overdue" if health.overdue else "stuck" if health.stuck else None
-        if event is None and health.failing:
-            event = "failing"
-        slot = health.expected_slot_us if event == "overdue" else None
-        before = self._said.get(health.job)
-        if event is None:
-            if before is not None:
-                del self._said[health.job]
-                self._say(Alert(job=health.job, event="recovered", health=health, slot_us=None))
-            return
-        if before == (event, slot):
-            return
-        self._said[health.job] = (event, slot)
-        self._say(Alert(job=health.job, event=event, health=health, slot_us=slot))
+    async def _settle(self, health: JobHealth, marker: LeaseRecord | None, term: int) -> None:
+        """Say the alert ``health`` calls for, unless the job's ``marker`` records it."""
+        said = _Said.decode(marker.holder) if marker is not None else None
+        verdict = _verdict(health)
+        if verdict is None:
+            if said is None or said.event == "recovered":
+                return  # healthy, and nothing owed
+            event, key = "recovered", None
+        else:
+            event, key = verdict
+            if said is not None and (said.event, said.key) == (event, key):
+                return  # said already, by this replica or another
+        if said is not None and said.term > term:
+            return  # said in a later term: this watch is stale (its lease has moved on)
+        now = _Said(term, event, key)
+        alert = Alert(
+            job=health.job,
+            event=event,
+            health=health,
+            slot_us=key if event == "overdue" else None,
+        )
+        name = alert_marker(health.job)
+        taken = await self._replace(name, marker, now, alert)
+        if taken is not None:
+            self._say(self._keyed(alert, name, taken.fence))
+
+    async def _replace(
+        self, name: str, marker: LeaseRecord | None, said: _Said, alert: Alert
+    ) -> LeaseRecord | None:
+        """Compare-and-set the marker ``name`` from ``marker`` (as this watch read it) to
+        ``said``; the new row when this replica set it, ``None`` when another replica
+        changed the marker since (it says the alert, or already did)."""
+        ops = self.store.ops
+        if marker is not None and marker.held:
+            released = await self.store.run(
+                ops.lease_release(self.namespace, name, marker.holder, marker.fence)
+            )
+            if not released:
+                return None
+        # The holder shows who said it (host:pid, never the secret token) and records what.
+        holder = f"{display_holder(self.holder)}:{said.encode()}"
+        ttl = RECOVERED_TTL_US if said.event == "recovered" else MARKER_TTL_US
+        try:
+            return await self.store.run(ops.lease_acquire(self.namespace, name, holder, ttl, 0))
+        except StoreError:
+            self._unsure[name] = (holder, alert)  # the store may have taken it
+            raise
+
+    def _say_unsure(self, markers: Mapping[str, LeaseRecord]) -> None:
+        """Say each alert whose marker this replica took while the answer was lost: the
+        marker holds what it wrote, so nobody else said it."""
+        unsure, self._unsure = self._unsure, {}
+        for name, (holder, alert) in unsure.items():
+            marker = markers.get(name)
+            if marker is not None and marker.holder == holder:
+                self._say(self._keyed(alert, name, marker.fence))
+
+    def _keyed(self, alert: Alert, name: str, fence: int) -> Alert:
+        digest = hashlib.sha256(f"{self.namespace}\0{name}\0{fence}".encode()).hexdigest()
+        return Alert(
+            job=alert.job,
+            event=alert.event,
+            health=alert.health,
+            slot_us=alert.slot_us,
+            idempotency_key=digest[:32],
+        )
+
+    async def _forget_gone(self, status: FleetStatus) -> None:
+        """Release the markers of jobs the store no longer has, so ``fleetcron prune``
+        may delete them (nothing is said: the job is gone)."""
+        known = {alert_marker(health.job) for health in status.jobs}
+        for marker in status.markers:
+            if marker.name not in known and marker.held:
+                await self.store.run(
+                    self.store.ops.lease_release(
+                        self.namespace, marker.name, marker.holder, marker.fence
+                    )
+                )
 
     def _say(self, alert: Alert) -> None:
         health = alert.health
@@ -242,6 +418,7 @@ class Monitor:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._task = self._pruning = None
+        self._unsure.clear()
         lease, self.lease = self.lease, None
         if lease is not None:
             with contextlib.suppress(StoreError):

@@ -35,7 +35,14 @@ from fleetcron.health import JobHealth
 from fleetcron.models import RunRecord
 from fleetcron.names import validate_name
 from fleetcron.schedules import from_datetime, iso_utc
-from fleetcron.status import FleetStatus, lease_json, read_status, run_json, status_json
+from fleetcron.status import (
+    FleetStatus,
+    lease_json,
+    read_status,
+    run_json,
+    shown_leases,
+    status_json,
+)
 from fleetcron.stores.base import AsyncStore, Operation, Operations
 from fleetcron.web import render
 
@@ -268,7 +275,8 @@ def create_app(
         return _json(status_json(await store.run(read_status(ops, namespace))))
 
     async def api_leases(request: Request) -> Response:
-        return _json([lease_json(lease) for lease in await store.run(ops.lease_list(namespace))])
+        leases = shown_leases(await store.run(ops.lease_list(namespace)))  # no alert markers
+        return _json([lease_json(lease) for lease in leases])
 
     async def api_runs(request: Request) -> Response:
         job, limit = _job_name(request), _limit(request)

@@ -526,7 +526,8 @@ def _lease_row(lease: LeaseRecord) -> Html:
 
 
 def leases_page(status: FleetStatus) -> str:
-    """``/leases``: every lease row of the namespace, held or free."""
+    """``/leases``: every lease row of the namespace, held or free (but the monitor's
+    alert markers, which :func:`~fleetcron.status.read_status` keeps apart)."""
     body = join(
         el("h1", "Leases"),
         el("p", _leader(status), class_="summary"),
