@@ -186,7 +186,8 @@ class Facts:
     ``stored_jobs`` (job rows with a definition, registered by replicas) and ``replicas``
     are ``None`` when they were not read (the schema is not current). ``replicas`` holds
     the live rows and those gone within the last minutes. ``undefined_jobs``: job rows
-    without a readable definition (``fleetcron exec --schedule``, or a newer fleetcron).
+    without a readable definition (an older ``fleetcron exec --schedule``, or a newer
+    fleetcron).
     """
 
     kind: str
@@ -226,8 +227,9 @@ def diagnose(facts: Facts) -> list[Finding]:
         Finding(
             level="ok",
             check=f"job {name}",
-            message="no definition in the store (run by `fleetcron exec --schedule`, or "
-            "registered by another version): its schedule and terms are not checked",
+            message="no definition in the store (run by an older `fleetcron exec "
+            "--schedule`, or registered by another version): its schedule and terms are "
+            "not checked",
         )
         for name in facts.undefined_jobs
     ]
@@ -329,7 +331,7 @@ def _namespace(facts: Facts) -> Finding:
     else:
         counted = f": {facts.stored_jobs} job(s) registered in the store"
         if facts.undefined_jobs:
-            counted += f", {len(facts.undefined_jobs)} known only from `exec --schedule` runs"
+            counted += f", {len(facts.undefined_jobs)} with no readable definition"
     source = f"; checking the jobs of {facts.jobs_file}" if facts.jobs_file else ""
     return Finding(
         level="ok",

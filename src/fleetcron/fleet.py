@@ -37,7 +37,7 @@ from fleetcron.scheduling.retention import (
     run_plan,
     run_plan_async,
 )
-from fleetcron.status import FleetStatus, read_status
+from fleetcron.status import FleetStatus, read_status, shown_leases
 from fleetcron.stores import (
     AsyncStore,
     StoreURL,
@@ -344,8 +344,9 @@ class Fleet(JobRegistry, _Observed):
         return decorate
 
     def locks(self) -> list[LeaseRecord]:
-        """Every lease row of this namespace (held or not), by name."""
-        return self.store.run(self.store.ops.lease_list(self.namespace))
+        """Every lease row of this namespace (held or not), by name — without the
+        monitor's alert markers, which lock nothing."""
+        return shown_leases(self.store.run(self.store.ops.lease_list(self.namespace)))
 
     def get(self, name: str) -> LeaseRecord | None:
         """The lease row of ``name``, or ``None`` if it never existed."""
@@ -569,8 +570,8 @@ class AsyncFleet(JobRegistry, _Observed):
         return decorate
 
     async def locks(self) -> list[LeaseRecord]:
-        """Every lease row of this namespace."""
-        return await self.store.run(self.store.ops.lease_list(self.namespace))
+        """Every lease row of this namespace — without the monitor's alert markers."""
+        return shown_leases(await self.store.run(self.store.ops.lease_list(self.namespace)))
 
     async def get(self, name: str) -> LeaseRecord | None:
         """The lease row of ``name``."""

@@ -242,8 +242,9 @@ def assess(job: JobRecord, runs: Sequence[RunRecord]) -> JobHealth:
 
 
 def _unknown(job: JobRecord, runs: Sequence[RunRecord]) -> JobHealth:
-    """A job row without a readable definition (made by ``fleetcron exec --schedule``, or
-    by a newer version): its schedule is not known here, so neither is its due time."""
+    """A job row without a readable definition (made by a claim before any replica or
+    ``exec --schedule`` of this version registered the job, or by a newer version): its
+    schedule is not known here, so neither is its due time."""
     failing = job.last_failure_us is not None and (
         job.last_success_us is None or job.last_failure_us > job.last_success_us
     )
@@ -268,7 +269,7 @@ def _unknown(job: JobRecord, runs: Sequence[RunRecord]) -> JobHealth:
         stuck_after_us=None,
         p95_duration_us=_p95(_durations(runs)),
         durations_us=tuple(_durations(runs)),
-        reasons=("no schedule registered for this job (fleetcron exec, or another version)",),
+        reasons=("no schedule registered for this job (older fleetcron exec, or another version)",),
         now_us=job.now_us,
     )
 

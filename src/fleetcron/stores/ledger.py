@@ -43,7 +43,7 @@ class ClaimDecision:
 
 
 def new_job(namespace: str, job: str, now: int) -> JobRecord:
-    """A job row for a job nobody registered yet (``exec --schedule``)."""
+    """A job row for a job nobody registered yet (a claim or trigger came first)."""
     return JobRecord(
         namespace=namespace,
         job=job,
