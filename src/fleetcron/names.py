@@ -13,10 +13,20 @@ import unicodedata
 
 from fleetcron.errors import ConfigurationError
 
-__all__ = ["MAX_NAMESPACE_LENGTH", "MAX_NAME_LENGTH", "validate_name", "validate_namespace"]
+__all__ = [
+    "MAX_JOB_NAME_LENGTH",
+    "MAX_NAMESPACE_LENGTH",
+    "MAX_NAME_LENGTH",
+    "validate_job_name",
+    "validate_name",
+    "validate_namespace",
+]
 
 MAX_NAME_LENGTH = 200
 MAX_NAMESPACE_LENGTH = 64
+# A job's runs are serialised by the lease "fleetcron:job:<job>" (models.job_lease_name),
+# which must fit the name column too.
+MAX_JOB_NAME_LENGTH = MAX_NAME_LENGTH - len("fleetcron:job:")
 
 
 def _validate(value: object, *, what: str, limit: int) -> str:
@@ -45,6 +55,12 @@ def _validate(value: object, *, what: str, limit: int) -> str:
 def validate_name(name: object, *, what: str = "lock name") -> str:
     """Return ``name`` normalised, or raise :class:`ConfigurationError` saying what is wrong."""
     return _validate(name, what=what, limit=MAX_NAME_LENGTH)
+
+
+def validate_job_name(name: object, *, what: str = "job name") -> str:
+    """Return a job name (of ``exec --schedule``, a trigger…) normalised, or raise
+    :class:`ConfigurationError`: a lock name short enough for the job's lease name."""
+    return _validate(name, what=what, limit=MAX_JOB_NAME_LENGTH)
 
 
 def validate_namespace(namespace: object) -> str:

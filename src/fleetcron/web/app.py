@@ -181,7 +181,9 @@ def create_app(
             problem = _Refused(401, "the token is wrong")
         if problem is not None:
             log.warning(
-                "dashboard: %s of %s refused: %s",
+                # %r: the name comes from the request, so no control character of it
+                # reaches a text log (it could forge a line or move the cursor).
+                "dashboard: %s of %r refused: %s",
                 action,
                 job,
                 problem.message,

@@ -122,7 +122,11 @@ _RUN_STATES = {"succeeded", "failed", "lost", "running", "queued", "skipped", "m
 
 def job_path(job: str, action: str = "") -> str:
     """The dashboard's address of ``job`` (its name may hold ``/``, ``?`` or ``#``)."""
-    return f"/jobs/{quote(job, safe='')}" + (f"/{action}" if action else "")
+    segment = quote(job, safe="")
+    if segment in (".", ".."):
+        # A browser resolves a "." or ".." path segment away; encoded, it is the name.
+        segment = segment.replace(".", "%2E")
+    return f"/jobs/{segment}" + (f"/{action}" if action else "")
 
 
 # -- small pieces ------------------------------------------------------------------------
