@@ -43,6 +43,7 @@ from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec
 from fleetcron.keepalive import effective_grace_us, stop_points
 from fleetcron.lease import Lease, LeaseTerms, new_holder
 from fleetcron.models import JobRecord, RunOutcome, SlotClaim
+from fleetcron.names import validate_job_name
 from fleetcron.pings import Pinger, check_ping_url, finish_ping, start_ping
 from fleetcron.schedules import CronSchedule, Schedule, iso_utc, schedule_from_definition
 from fleetcron.scrub import Scrubber
@@ -132,6 +133,9 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
             check_ping_url(ping_url)
         except ConfigurationError as exc:
             raise ConfigurationError(f"--ping-url: {exc.message}") from None
+    if getattr(args, "schedule", None) is not None:
+        # With --schedule the name is a job's too: its lease name must fit the store.
+        validate_job_name(args.name)
     judged: dict[str, int | None] = {}
     for option in ("--grace", "--stuck-after"):
         value: str | None = getattr(args, option[2:].replace("-", "_"), None)
