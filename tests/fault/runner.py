@@ -135,6 +135,7 @@ class Run:
     allow: set[str] = field(default_factory=set)
     proxies: list[Any] = field(default_factory=list)
     samples: list[ClockSample] = field(default_factory=list)
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def protected(self) -> Path:
@@ -426,7 +427,8 @@ class Scenario:
     needs: str = "shared"
     fast: bool = False
     allow: frozenset[str] = frozenset()
-    server_options: Mapping[str, Any] = field(default_factory=dict)
+    server_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per backend: the keyword arguments of its owned server."""
     ok_states: frozenset[str] = frozenset({"succeeded"})
 
 
@@ -470,7 +472,7 @@ def _store_for(
         return SHARED_URLS[backend], None
     from fault import servers
 
-    options = dict(scenario.server_options)
+    options = dict(scenario.server_options.get(backend, {}))
     server: Any
     if backend == "postgres":
         server = servers.PostgresCluster(tmp / "pg", **options)
@@ -503,6 +505,8 @@ def run_scenario(scenario: Scenario, backend: str, *, keep: Path | None = None) 
             run.stop_all()
             for proxy in run.proxies:
                 proxy.close()
+            for cleanup in reversed(run.cleanups):
+                cleanup()
         events = run.histories()
         ledger = [row for job in sorted(run.ledger_jobs) for row in run.ledger(job)]
         report = check(

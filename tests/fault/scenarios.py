@@ -13,14 +13,16 @@ import signal
 import time
 from collections.abc import Callable
 
+from fault.protected import ProtectedResource
 from fault.runner import Proc, Run, Scenario, ScenarioFailed, wait_until
 
 __all__ = ["SCENARIOS", "by_name"]
 
 SECOND = 1_000_000
-# A run whose replica died or froze ends "lost" (recovered by another replica): an honest
-# outcome of that slot, not an anomaly.
-_LOST_OK = frozenset({"succeeded", "lost"})
+# A run whose replica died or froze ends "lost" (recovered by another replica), or
+# "cancelled" when its replica found the lease lost and stopped it: honest outcomes of that
+# slot under faults, not anomalies.
+_LOST_OK = frozenset({"succeeded", "lost", "cancelled"})
 
 
 def _holder_proc(run: Run, procs: list[Proc], name: str = "res") -> Proc:
@@ -275,6 +277,318 @@ def _running_replica(run: Run, procs: list[Proc], job: str) -> Proc:
     return found
 
 
+def redis_data_loss(run: Run) -> None:
+    """Redis without persistence restarted (``SHUTDOWN NOSAVE``) twice while contenders
+    race: every lease is forgotten, so two holders may overlap — what the docs say Redis
+    without persistence cannot promise — but fences keep increasing (they follow the
+    store's clock) and the fence-checking resource rejects every stale write."""
+    store_restart(run)
+
+
+def _via_pgbouncer(mode: str) -> Callable[[Run], None]:
+    def body(run: Run) -> None:
+        url = _start_pgbouncer(run, mode)
+        procs = run.lockers(3, ttl_ms=1000, hold_ms=20, writes=2, duration_s=4, url=url)
+        procs += run.lockers(2, ttl_ms=1000, hold_ms=20, writes=2, duration_s=4)
+        run.wait_exit(procs)
+        _require_grants(run, 8)
+        jobs = run.jobs_file(work_s=0.2)
+        run.replicas(2, jobs, url=url)
+        run.wait_runs("tick", 4)
+        run.stop_all()
+        _window(run, "tick")
+
+    body.__doc__ = f"Contenders and replicas through PgBouncer in {mode} pooling mode."
+    return body
+
+
+def _start_pgbouncer(run: Run, mode: str) -> str:
+    import os
+    import shutil
+    import subprocess
+    from urllib.parse import urlsplit
+
+    from fault.servers import spare_port
+
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    target = urlsplit(run.url)
+    port = spare_port()
+    users = run.tmp / "users.txt"
+    users.write_text(f'"{target.username or "postgres"}" ""\n')
+    config = run.tmp / "pgbouncer.ini"
+    config.write_text(
+        "[databases]\n"
+        f"* = host={target.hostname} port={target.port}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n"
+    )
+    as_user = ["-u", "nobody"] if os.geteuid() == 0 else []
+    with (run.tmp / "pgbouncer.log").open("w") as log:
+        process = subprocess.Popen([binary, *as_user, str(config)], stdout=log, stderr=log)
+
+    def stop() -> None:
+        process.terminate()
+        process.wait(10)
+
+    run.cleanups.append(stop)
+    url = f"postgresql://{target.username or 'postgres'}@127.0.0.1:{port}{target.path}"
+
+    def answers() -> bool:
+        try:
+            with run.store(url) as store:
+                store.run(store.ops.store_now())
+        except Exception:
+            return False
+        return True
+
+    wait_until(answers, timeout=30, what=f"pgbouncer ({mode}) to answer")
+    run.fault(f"pgbouncer in {mode} pooling in front of PostgreSQL")
+    return url
+
+
+def serializable_default(run: Run) -> None:
+    """The server's default isolation is SERIALIZABLE: serialization failures are busy
+    answers, not errors; contenders and replicas keep every guarantee."""
+    procs = run.lockers(5, ttl_ms=1000, hold_ms=10, writes=2, duration_s=4)
+    run.wait_exit(procs)
+    _require_grants(run, 10)
+    errors = sum(1 for e in run.histories() if e.event == "acquire_error")
+    if errors:
+        raise ScenarioFailed(f"{errors} acquires failed with an error under SERIALIZABLE")
+    jobs = run.jobs_file(work_s=0.1)
+    run.replicas(3, jobs)
+    run.wait_runs("tick", 4)
+    run.stop_all()
+    _window(run, "tick")
+
+
+def fast_renewals(run: Run) -> None:
+    """Leases renewed many times a second (MariaDB: several renewals within the same
+    second of its clock) while others contend."""
+    procs = run.lockers(
+        3, ttl_ms=400, hold_ms=900, writes=9, duration_s=4, keepalive=True, extend=True
+    )
+    run.wait_exit(procs)
+    _require_grants(run, 3)
+
+
+def sqlite_crowd(run: Run) -> None:
+    """Sixteen processes on one SQLite file: no 'database is locked' reaches a caller."""
+    procs = run.lockers(16, ttl_ms=2000, hold_ms=5, writes=1, duration_s=4)
+    run.wait_exit(procs, timeout=120)
+    _require_grants(run, 16)
+    errors = [e for e in run.histories() if e.event == "acquire_error"]
+    if errors:
+        raise ScenarioFailed(f"{len(errors)} acquires failed: {errors[0].data}")
+
+
+def _sqlite_unwritable(kind: str) -> Callable[[Run], None]:
+    def body(run: Run) -> None:
+        import contextlib as _contextlib
+
+        from fault.servers import read_only_dir, small_tmpfs
+
+        with _contextlib.ExitStack() as stack:
+            if kind == "full":
+                place = stack.enter_context(small_tmpfs(600 * 1024))
+            else:
+                place = run.tmp / "ro"
+                place.mkdir()
+            url = f"sqlite:///{place / 'store.db'}"
+            with run.store(url) as store:
+                store.migrate()
+            if kind == "full":
+                filler = place / "filler"
+                with _contextlib.suppress(OSError), filler.open("wb") as out:
+                    while True:
+                        out.write(b"\0" * 65536)
+                        out.flush()
+            else:
+                stack.enter_context(read_only_dir(place))
+            run.fault(f"SQLite on a {kind} filesystem")
+            jobs = run.jobs_file(work_s=0.1)
+            procs = run.replicas(2, jobs, url=url)
+            run.wait_store_time(3_000_000)
+            started = [e for e in run.histories() if e.event == "run_start"]
+            if started:
+                raise ScenarioFailed(f"{len(started)} runs started on a {kind} filesystem")
+            run.stop_all()
+            said = "\n".join((run.tmp / f"stderr-{p.worker}.txt").read_text() for p in procs)
+            if "Traceback" in said:
+                raise ScenarioFailed(f"a traceback instead of a clear error:\n{said[-1500:]}")
+            if not said.strip():
+                raise ScenarioFailed("the replicas said nothing about the unwritable store")
+            run.ledger_jobs.discard("tick")
+
+    body.__doc__ = f"SQLite on a {kind} filesystem: no run starts, and a clear error."
+    return body
+
+
+def rolling_deploy(run: Run) -> None:
+    """Two versions of the job overlap during a rolling deploy: old replicas, then new
+    ones with a changed definition, then the old ones stop; each slot runs once."""
+    old = run.replicas(2, run.jobs_file(work_s=0.1), prefix="old")
+    run.wait_runs("tick", 3)
+    new_jobs = run.jobs_file(work_s=0.15, path=run.tmp / "jobs-v2.toml")
+    run.replicas(2, new_jobs, prefix="new")
+    run.wait_runs("tick", 6)
+    for proc in old:
+        proc.signal(signal.SIGTERM)
+        run.fault(f"stop old replica {proc.worker}")
+    run.wait_exit(old)
+    run.wait_runs("tick", 9)
+    run.stop_all()
+    _window(run, "tick")
+
+
+def differing_jobs_file(run: Run) -> None:
+    """One replica's jobs file defines the job differently (every 3 s, not every second)
+    and starts last: its definition governs, and from then on the fleet runs the 3-second
+    slots only — never the union of both schedules."""
+    run.replicas(2, run.jobs_file(work_s=0.1))
+    run.wait_runs("tick", 2)
+    odd = run.jobs_file(every="3s", work_s=0.1, path=run.tmp / "jobs-odd.toml")
+    run.replicas(1, odd, prefix="odd")
+    run.fault("a replica with a differing definition")
+    # Judged from 3 s after the odd replica started (it has registered by then).
+    settled = run.store_now() + 3 * SECOND
+    run.wait_store_time(12 * SECOND)
+    run.stop_all()
+    later = sorted(row.slot_us for row in run.ledger("tick") if row.slot_us >= settled)
+    if len(later) < 2:
+        raise ScenarioFailed(f"only {len(later)} slots ran after the odd replica registered")
+    run.expected_slots["tick"] = list(range(later[0], later[-1] + 1, 3 * SECOND))
+
+
+def client_clock_steps(run: Run) -> None:
+    """Half the contenders' clocks are stepped ±10 minutes while they hold leases."""
+    from fault.clock import SteppableClock
+
+    clock = SteppableClock(0)
+    run.cleanups.append(clock.close)
+    procs = run.lockers(2, ttl_ms=800, hold_ms=300, writes=3, duration_s=6, env=clock.env)
+    procs += run.lockers(2, ttl_ms=800, hold_ms=300, writes=3, duration_s=6)
+    for offset in (600, -600, 0, 600):
+        run.wait_store_time(1_000_000)
+        clock.set(offset)
+        run.fault(f"client clock stepped to {offset:+d}s")
+    run.wait_exit(procs)
+    _require_grants(run, 6)
+
+
+def half_closed(run: Run) -> None:
+    """One contender's connection is half-closed (the server's answers stop, its side
+    stays open) mid-run."""
+    url, proxy = run.proxied()
+    procs = run.lockers(1, ttl_ms=800, hold_ms=200, writes=3, duration_s=5, url=url)
+    procs += run.lockers(2, ttl_ms=800, hold_ms=200, writes=3, duration_s=5)
+    run.wait_store_time(1_000_000)
+    proxy.half_close()
+    run.fault("half-close one contender's connection")
+    run.wait_exit(procs)
+    _require_grants(run, 4)
+
+
+def thin_pipe(run: Run) -> None:
+    """One contender's connection is throttled to 2 KB/s."""
+    url, proxy = run.proxied()
+    proxy.bandwidth(2048)
+    run.fault("bandwidth 2 KB/s")
+    procs = run.lockers(1, ttl_ms=800, hold_ms=50, writes=2, duration_s=4, url=url)
+    procs += run.lockers(2, ttl_ms=800, hold_ms=50, writes=2, duration_s=4)
+    run.wait_exit(procs)
+    _require_grants(run, 4)
+
+
+def soak(run: Run, seconds: float = 20.0) -> None:
+    """Contenders and replicas under random faults every few seconds: SIGKILL (and a
+    restart of a contender), SIGSTOP/SIGCONT, connection resets and delays."""
+    import os
+
+    rng = random.Random(int(os.environ.get("FLEETCRON_SOAK_SEED", "1")))
+    seconds = float(os.environ.get("FLEETCRON_SOAK_SECONDS", seconds))
+    url, proxy = run.proxied() if run.backend != "sqlite" else (run.url, None)
+    lockers = run.lockers(3, ttl_ms=800, hold_ms=100, writes=2, duration_s=seconds, url=url)
+    replicas = run.replicas(2, run.jobs_file(work_s=0.2, lock_at_most="1s"), url=url)
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        time.sleep(rng.uniform(1.0, 3.0))  # the faults' rhythm
+        choice = rng.choice(["kill", "stop", "reset", "delay"])
+        live = [p for p in lockers + replicas if p.alive()]
+        if choice == "kill" and live:
+            victim = rng.choice(live)
+            victim.signal(signal.SIGKILL)
+            run.fault(f"SIGKILL {victim.worker}")
+            victim.popen.wait(10)
+            if victim.role == "replica":
+                replicas += run.replicas(1, run.tmp / "jobs.toml", url=url, prefix="Rs")
+        elif choice == "stop" and live:
+            victim = rng.choice(live)
+            victim.signal(signal.SIGSTOP)
+            run.fault(f"SIGSTOP {victim.worker}")
+            time.sleep(rng.uniform(0.2, 2.0))  # the pause itself
+            victim.signal(signal.SIGCONT)
+        elif choice == "reset" and proxy is not None:
+            proxy.reset()
+            run.fault("reset connections")
+        elif proxy is not None:
+            proxy.delay(rng.uniform(0.05, 0.6))
+            run.fault("delay")
+            time.sleep(rng.uniform(0.5, 1.5))
+            proxy.pass_()
+    run.stop_all()
+    if run.ledger("tick"):
+        _window(run, "tick")
+
+
+def exec_crowd(run: Run) -> None:
+    """`fleetcron exec --schedule` fired by eight hosts' crons at once, twice: the
+    minute's slot runs once, whoever fires first."""
+    import subprocess
+    import sys
+
+    from fault.runner import ROOT, child_env
+
+    history = run.tmp / "history-runs-exec.jsonl"
+    command = [sys.executable, "-m", "fault.workers", "jobbody", str(history)]
+    command += [str(run.protected), "0.3"]
+    run.ledger_jobs.add("crowd")
+    ProtectedResource(run.protected)
+    for _ in range(2):
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from fleetcron.cli.main import entry; entry()",
+                    "exec",
+                    "crowd",
+                    "--schedule",
+                    "* * * * *",
+                    "--backend",
+                    run.url,
+                    "--namespace",
+                    run.namespace,
+                    "--",
+                    *command,
+                ],
+                cwd=ROOT,
+                env=child_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(8)
+        ]
+        for proc in procs:
+            proc.wait(120)
+    rows = run.ledger("crowd")
+    if not rows:
+        raise ScenarioFailed("no ledger row after 16 invocations of exec")
+    slots = sorted(row.slot_us for row in rows)
+    run.expected_slots["crowd"] = list(range(slots[0], slots[-1] + 1, 60 * SECOND))
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("baseline_race", "six contenders, no fault", baseline_race, fast=True),
     Scenario("holder_sigkill", "the holder SIGKILLed mid-hold", holder_sigkill, fast=True),
@@ -314,6 +628,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         store_restart,
         backends=("postgres", "mysql", "redis"),
         needs="owned",
+        server_options={"redis": {"persistence": "aof"}},
     ),
     Scenario(
         "store_paused",
@@ -335,6 +650,66 @@ SCENARIOS: tuple[Scenario, ...] = (
         replica_sigstop,
         ok_states=_LOST_OK,
     ),
+    Scenario(
+        "redis_data_loss",
+        "Redis without persistence restarted (SHUTDOWN NOSAVE)",
+        redis_data_loss,
+        backends=("redis",),
+        needs="owned",
+        allow=frozenset({"overlap"}),
+        server_options={"redis": {"persistence": "none"}},
+    ),
+    Scenario(
+        "pgbouncer_transaction",
+        "through PgBouncer, transaction pooling",
+        _via_pgbouncer("transaction"),
+        backends=("postgres",),
+    ),
+    Scenario(
+        "pgbouncer_session",
+        "through PgBouncer, session pooling",
+        _via_pgbouncer("session"),
+        backends=("postgres",),
+    ),
+    Scenario(
+        "serializable_default",
+        "SERIALIZABLE as the server's default isolation",
+        serializable_default,
+        backends=("postgres", "mysql"),
+        needs="owned",
+        server_options={
+            "postgres": {"settings": {"default_transaction_isolation": "serializable"}},
+            "mysql": {"settings": {"transaction-isolation": "SERIALIZABLE"}},
+        },
+    ),
+    Scenario("fast_renewals", "renewals many times a second", fast_renewals),
+    Scenario("sqlite_crowd", "16 processes on one SQLite file", sqlite_crowd, backends=("sqlite",)),
+    Scenario(
+        "sqlite_disk_full",
+        "SQLite on a full filesystem",
+        _sqlite_unwritable("full"),
+        backends=("sqlite",),
+    ),
+    Scenario(
+        "sqlite_read_only",
+        "SQLite on a read-only filesystem",
+        _sqlite_unwritable("read-only"),
+        backends=("sqlite",),
+    ),
+    Scenario("rolling_deploy", "two versions of a job overlapping", rolling_deploy),
+    Scenario("differing_jobs_file", "a replica whose jobs file differs", differing_jobs_file),
+    Scenario("client_clock_steps", "client clocks stepped ±10 min mid-hold", client_clock_steps),
+    Scenario(
+        "half_closed",
+        "a connection half-closed",
+        half_closed,
+        backends=("postgres", "mysql", "redis"),
+    ),
+    Scenario(
+        "thin_pipe", "a 2 KB/s connection", thin_pipe, backends=("postgres", "mysql", "redis")
+    ),
+    Scenario("soak", "random faults every few seconds", soak, ok_states=_LOST_OK),
+    Scenario("exec_crowd", "six crons firing fleetcron exec at once", exec_crowd),
 )
 
 
