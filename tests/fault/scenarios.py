@@ -537,6 +537,15 @@ def soak(run: Run, seconds: float = 20.0) -> None:
             run.fault("delay")
             time.sleep(rng.uniform(0.5, 1.5))
             proxy.pass_()
+    if proxy is not None:
+        proxy.pass_()
+    # The replicas still up recover what the killed ones left running before they stop.
+    now = run.store_now()
+    wait_until(
+        lambda: not any(row.state == "running" and row.slot_us < now for row in run.ledger("tick")),
+        timeout=60,
+        what="the runs of killed replicas to be recovered",
+    )
     run.stop_all()
     if run.ledger("tick"):
         _window(run, "tick")
