@@ -16,7 +16,7 @@ import pytest
 
 from services import require_service
 
-__all__ = ["pgbouncer"]
+__all__ = ["PgBouncer", "pgbouncer"]
 
 
 def _spare_port() -> int:
@@ -46,18 +46,22 @@ def _pgbouncer_binary() -> str:
     return found
 
 
-@pytest.fixture
-def pgbouncer(tmp_path: Path) -> Iterator[str]:
-    """PgBouncer on a spare port, transaction pooling, in front of the test PostgreSQL; its
-    URL. Run in the foreground by the test (no pid file: the test owns the process), as
-    ``nobody`` when the tests run as root, which PgBouncer refuses to run as."""
-    binary = _pgbouncer_binary()
-    target = psycopg.conninfo.conninfo_to_dict(require_service("postgres"))
-    port = _spare_port()
-    (tmp_path / "users.txt").write_text(f'"{target.get("user", "postgres")}" ""\n')
-    config = tmp_path / "pgbouncer.ini"
-    config.write_text(
-        f"""\
+class PgBouncer:
+    """A running PgBouncer of the caller's own: :attr:`url`, and :meth:`stop`."""
+
+    def __init__(self, directory: Path, target_url: str, pool_mode: str = "transaction") -> None:
+        """Start PgBouncer on a spare port in ``pool_mode`` in front of ``target_url``,
+        its files in ``directory``; return once it answers. Run in the foreground (no pid
+        file: the caller owns the process), as ``nobody`` when the tests run as root, which
+        PgBouncer refuses to run as."""
+        binary = _pgbouncer_binary()
+        target = psycopg.conninfo.conninfo_to_dict(target_url)
+        user = target.get("user", "postgres")
+        port = _spare_port()
+        (directory / "users.txt").write_text(f'"{user}" ""\n')
+        config = directory / "pgbouncer.ini"
+        config.write_text(
+            f"""\
 [databases]
 * = host={target.get("host", "127.0.0.1")} port={target.get("port", 5432)}
 
@@ -66,28 +70,46 @@ listen_addr = 127.0.0.1
 listen_port = {port}
 unix_socket_dir =
 auth_type = trust
-auth_file = {tmp_path / "users.txt"}
-pool_mode = transaction
+auth_file = {directory / "users.txt"}
+pool_mode = {pool_mode}
 """
-    )
-    as_user = ["-u", "nobody"] if os.geteuid() == 0 else []
-    with (tmp_path / "pgbouncer.log").open("w") as log:
-        process = subprocess.Popen([binary, *as_user, str(config)], stdout=log, stderr=log)
-    url = f"postgresql://{target.get('user', 'postgres')}@127.0.0.1:{port}/{target['dbname']}"
+        )
+        as_user = ["-u", "nobody"] if os.geteuid() == 0 else []
+        log_path = directory / "pgbouncer.log"
+        with log_path.open("w") as log:
+            self._process = subprocess.Popen(
+                [binary, *as_user, str(config)], stdout=log, stderr=log
+            )
+        self.url = f"postgresql://{user}@127.0.0.1:{port}/{target['dbname']}"
 
-    def answers() -> bool:
-        if process.poll() is not None:
-            pytest.fail(f"pgbouncer exited: {(tmp_path / 'pgbouncer.log').read_text()}")
+        def answers() -> bool:
+            if self._process.poll() is not None:
+                pytest.fail(f"pgbouncer exited: {log_path.read_text()}")
+            try:
+                with psycopg.connect(self.url, connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.OperationalError:
+                return False
+            return True
+
         try:
-            with psycopg.connect(url, connect_timeout=2) as conn:
-                conn.execute("SELECT 1")
-        except psycopg.OperationalError:
-            return False
-        return True
+            _wait(answers, 20)
+        except BaseException:
+            self.stop()
+            raise
 
+    def stop(self) -> None:
+        """Stop it and wait for it to exit."""
+        self._process.terminate()
+        self._process.wait(timeout=10)
+
+
+@pytest.fixture
+def pgbouncer(tmp_path: Path) -> Iterator[str]:
+    """PgBouncer on a spare port, transaction pooling, in front of the test PostgreSQL; its
+    URL."""
+    bouncer = PgBouncer(tmp_path, require_service("postgres"))
     try:
-        _wait(answers, 20)
-        yield url
+        yield bouncer.url
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        bouncer.stop()

@@ -17,7 +17,7 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[2] / "src"),
 ]
 
-from fault.runner import BACKENDS, RunResult, run_scenario  # noqa: E402
+from fault.runner import BACKENDS, RunResult, Scenario, run_scenario  # noqa: E402
 from fault.scenarios import SCENARIOS, by_name  # noqa: E402
 
 
@@ -31,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", type=Path, help="write the verdicts as JSON here")
     parser.add_argument("--keep", type=Path, help="keep each run's histories under this directory")
     return parser
+
+
+def _scenario(name: str) -> Scenario:
+    try:
+        return by_name(name)
+    except KeyError as exc:
+        _parser().error(str(exc.args[0]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.all
         else [s for s in SCENARIOS if s.fast]
         if args.fast
-        else [by_name(name) for name in args.scenario]
+        else [_scenario(name) for name in args.scenario]
     )
     if not chosen:
         _parser().error("name a --scenario, or --fast, --all or --list")

@@ -32,6 +32,7 @@ from fault.runs import ClockSample, runs_alive_after_lease
 from fleetcron.models import RunRecord
 from fleetcron.stores import open_store, parse_store_url
 from fleetcron.stores.base import SyncStore
+from services import SERVICE_URLS
 
 __all__ = [
     "BACKENDS",
@@ -46,13 +47,6 @@ __all__ = [
 BACKENDS = ("sqlite", "postgres", "mysql", "redis")
 ROOT = Path(__file__).resolve().parents[2]
 _TESTS = ROOT / "tests"
-SHARED_URLS = {
-    "postgres": os.environ.get(
-        "FLEETCRON_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-    ),
-    "mysql": os.environ.get("FLEETCRON_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
-    "redis": os.environ.get("FLEETCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
-}
 
 
 # SQLite and Redis answer in milliseconds: every store-clock comparison gives the holder
@@ -95,7 +89,7 @@ class Proc:
     role: str
     worker: str
     popen: subprocess.Popen[str]
-    history: Path
+    stderr: Path
 
     @property
     def pid(self) -> int:
@@ -262,7 +256,8 @@ class Run:
                 *(["--keepalive"] if keepalive else []),
                 *(["--extend"] if extend else []),
             ]
-            with open(self.tmp / f"stderr-{worker}.txt", "w") as errors:
+            stderr = self.tmp / f"stderr-{worker}.txt"
+            with stderr.open("w") as errors:
                 popen = subprocess.Popen(
                     command,
                     stdin=subprocess.PIPE,
@@ -272,13 +267,14 @@ class Run:
                     cwd=ROOT,
                     env=child_env(env),
                 )
-            procs.append(Proc("locker", worker, popen, history))
+            procs.append(Proc("locker", worker, popen, stderr))
         self.procs += procs
         for proc in procs:
             assert proc.popen.stdout is not None
             line = proc.popen.stdout.readline()
             if line.strip() != "ready":
-                raise ScenarioFailed(f"{proc.worker} did not start: {self._stderr(proc)}")
+                said = proc.stderr.read_text()[-2000:]
+                raise ScenarioFailed(f"{proc.worker} did not start: {said}")
         if start:
             self.go(procs)
         return procs
@@ -289,6 +285,22 @@ class Run:
             assert proc.popen.stdin is not None
             proc.popen.stdin.write("go\n")
             proc.popen.stdin.flush()
+
+    def job_body(self, job: str, work_s: float) -> list[str]:
+        """The argv of a command job whose body is :func:`fault.workers.jobbody`, logging
+        to ``job``'s run history; the job's ledger is checked at the end."""
+        ProtectedResource(self.protected)  # created before the runs race to create it
+        self.ledger_jobs.add(job)
+        history = self.tmp / f"history-runs-{job}.jsonl"
+        return [
+            sys.executable,
+            "-m",
+            "fault.workers",
+            "jobbody",
+            str(history),
+            str(self.protected),
+            str(work_s),
+        ]
 
     def jobs_file(
         self,
@@ -302,17 +314,7 @@ class Run:
     ) -> Path:
         """A jobs file with one command job whose body is :func:`fault.workers.jobbody`."""
         path = path or self.tmp / "jobs.toml"
-        history = self.tmp / f"history-runs-{job}.jsonl"
-        command = [
-            sys.executable,
-            "-m",
-            "fault.workers",
-            "jobbody",
-            str(history),
-            str(self.protected),
-            str(work_s),
-        ]
-        ProtectedResource(self.protected)
+        command = self.job_body(job, work_s)
         path.write_text(
             f"[jobs.{job}]\n"
             f'every = "{every}"\n'
@@ -320,7 +322,6 @@ class Run:
             f'lock_at_most = "{lock_at_most}"\n'
             f"{extra}"
         )
-        self.ledger_jobs.add(job)
         return path
 
     def replicas(
@@ -349,7 +350,8 @@ class Run:
                 self.namespace,
                 *args,
             ]
-            with open(self.tmp / f"stderr-{worker}.txt", "w") as errors:
+            stderr = self.tmp / f"stderr-{worker}.txt"
+            with stderr.open("w") as errors:
                 popen = subprocess.Popen(
                     command,
                     stdin=subprocess.DEVNULL,
@@ -360,7 +362,7 @@ class Run:
                     env=child_env({**(env or {}), "FAULT_REPLICA": worker}),
                     start_new_session=True,
                 )
-            procs.append(Proc("replica", worker, popen, self.tmp / f"stderr-{worker}.txt"))
+            procs.append(Proc("replica", worker, popen, stderr))
         self.procs += procs
         return procs
 
@@ -404,10 +406,6 @@ class Run:
                 if stream is not None:
                     with contextlib.suppress(OSError):
                         stream.close()
-
-    def _stderr(self, proc: Proc) -> str:
-        path = self.tmp / f"stderr-{proc.worker}.txt"
-        return path.read_text()[-2000:] if path.exists() else ""
 
     def histories(self) -> list[Event]:
         return read_history(sorted(self.tmp.glob("history-*.jsonl")))
@@ -469,7 +467,7 @@ def _store_for(
     if backend == "sqlite":
         return f"sqlite:///{tmp / 'store.db'}", None
     if scenario.needs == "shared":
-        return SHARED_URLS[backend], None
+        return SERVICE_URLS[backend], None
     from fault import servers
 
     options = dict(scenario.server_options.get(backend, {}))

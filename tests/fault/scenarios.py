@@ -8,13 +8,19 @@ not, so a scenario can never pass by not testing anything.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
-from fault.protected import ProtectedResource
-from fault.runner import Proc, Run, Scenario, ScenarioFailed, wait_until
+from fault.clock import SteppableClock, faketime_env
+from fault.runner import ROOT, Proc, Run, Scenario, ScenarioFailed, child_env, wait_until
+from fault.servers import read_only_dir, small_tmpfs
+from pgbouncer_server import PgBouncer
 
 __all__ = ["SCENARIOS", "by_name"]
 
@@ -171,8 +177,6 @@ def jittery_latency(run: Run) -> None:
 
 def _skewed(offset_s: int) -> Callable[[Run], None]:
     def body(run: Run) -> None:
-        from fault.clock import faketime_env
-
         env = faketime_env(offset_s)
         run.fault(f"client clocks {offset_s:+d}s on half the contenders")
         procs = run.lockers(2, ttl_ms=800, hold_ms=30, writes=2, duration_s=4, env=env)
@@ -303,48 +307,10 @@ def _via_pgbouncer(mode: str) -> Callable[[Run], None]:
 
 
 def _start_pgbouncer(run: Run, mode: str) -> str:
-    import os
-    import shutil
-    import subprocess
-    from urllib.parse import urlsplit
-
-    from fault.servers import spare_port
-
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    target = urlsplit(run.url)
-    port = spare_port()
-    users = run.tmp / "users.txt"
-    users.write_text(f'"{target.username or "postgres"}" ""\n')
-    config = run.tmp / "pgbouncer.ini"
-    config.write_text(
-        "[databases]\n"
-        f"* = host={target.hostname} port={target.port}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n"
-    )
-    as_user = ["-u", "nobody"] if os.geteuid() == 0 else []
-    with (run.tmp / "pgbouncer.log").open("w") as log:
-        process = subprocess.Popen([binary, *as_user, str(config)], stdout=log, stderr=log)
-
-    def stop() -> None:
-        process.terminate()
-        process.wait(10)
-
-    run.cleanups.append(stop)
-    url = f"postgresql://{target.username or 'postgres'}@127.0.0.1:{port}{target.path}"
-
-    def answers() -> bool:
-        try:
-            with run.store(url) as store:
-                store.run(store.ops.store_now())
-        except Exception:
-            return False
-        return True
-
-    wait_until(answers, timeout=30, what=f"pgbouncer ({mode}) to answer")
+    bouncer = PgBouncer(run.tmp, run.url, mode)
+    run.cleanups.append(bouncer.stop)
     run.fault(f"pgbouncer in {mode} pooling in front of PostgreSQL")
-    return url
+    return bouncer.url
 
 
 def serializable_default(run: Run) -> None:
@@ -385,11 +351,7 @@ def sqlite_crowd(run: Run) -> None:
 
 def _sqlite_unwritable(kind: str) -> Callable[[Run], None]:
     def body(run: Run) -> None:
-        import contextlib as _contextlib
-
-        from fault.servers import read_only_dir, small_tmpfs
-
-        with _contextlib.ExitStack() as stack:
+        with contextlib.ExitStack() as stack:
             if kind == "full":
                 place = stack.enter_context(small_tmpfs(600 * 1024))
             else:
@@ -400,7 +362,7 @@ def _sqlite_unwritable(kind: str) -> Callable[[Run], None]:
                 store.migrate()
             if kind == "full":
                 filler = place / "filler"
-                with _contextlib.suppress(OSError), filler.open("wb") as out:
+                with contextlib.suppress(OSError), filler.open("wb") as out:
                     while True:
                         out.write(b"\0" * 65536)
                         out.flush()
@@ -414,7 +376,7 @@ def _sqlite_unwritable(kind: str) -> Callable[[Run], None]:
             if started:
                 raise ScenarioFailed(f"{len(started)} runs started on a {kind} filesystem")
             run.stop_all()
-            said = "\n".join((run.tmp / f"stderr-{p.worker}.txt").read_text() for p in procs)
+            said = "\n".join(proc.stderr.read_text() for proc in procs)
             if "Traceback" in said:
                 raise ScenarioFailed(f"a traceback instead of a clear error:\n{said[-1500:]}")
             if not said.strip():
@@ -463,8 +425,6 @@ def differing_jobs_file(run: Run) -> None:
 
 def client_clock_steps(run: Run) -> None:
     """Half the contenders' clocks are stepped ±10 minutes while they hold leases."""
-    from fault.clock import SteppableClock
-
     clock = SteppableClock(0)
     run.cleanups.append(clock.close)
     procs = run.lockers(2, ttl_ms=800, hold_ms=300, writes=3, duration_s=6, env=clock.env)
@@ -504,8 +464,6 @@ def thin_pipe(run: Run) -> None:
 def soak(run: Run, seconds: float = 20.0) -> None:
     """Contenders and replicas under random faults every few seconds: SIGKILL (and a
     restart of a contender), SIGSTOP/SIGCONT, connection resets and delays."""
-    import os
-
     rng = random.Random(int(os.environ.get("FLEETCRON_SOAK_SEED", "1")))
     seconds = float(os.environ.get("FLEETCRON_SOAK_SECONDS", seconds))
     url, proxy = run.proxied() if run.backend != "sqlite" else (run.url, None)
@@ -554,16 +512,7 @@ def soak(run: Run, seconds: float = 20.0) -> None:
 def exec_crowd(run: Run) -> None:
     """`fleetcron exec --schedule` fired by eight hosts' crons at once, twice: the
     minute's slot runs once, whoever fires first."""
-    import subprocess
-    import sys
-
-    from fault.runner import ROOT, child_env
-
-    history = run.tmp / "history-runs-exec.jsonl"
-    command = [sys.executable, "-m", "fault.workers", "jobbody", str(history)]
-    command += [str(run.protected), "0.3"]
-    run.ledger_jobs.add("crowd")
-    ProtectedResource(run.protected)
+    command = run.job_body("crowd", 0.3)
     for _ in range(2):
         procs = [
             subprocess.Popen(
