@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -311,13 +312,7 @@ class Monitor:
 
     def _keyed(self, alert: Alert, name: str, fence: int) -> Alert:
         digest = hashlib.sha256(f"{self.namespace}\0{name}\0{fence}".encode()).hexdigest()
-        return Alert(
-            job=alert.job,
-            event=alert.event,
-            health=alert.health,
-            slot_us=alert.slot_us,
-            idempotency_key=digest[:32],
-        )
+        return dataclasses.replace(alert, idempotency_key=digest[:32])
 
     async def _forget_gone(self, status: FleetStatus) -> None:
         """Release the markers of jobs the store no longer has, so ``fleetcron prune``
