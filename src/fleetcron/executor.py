@@ -9,6 +9,11 @@ stop) and SIGKILL at the deadline at the latest, so nothing of it is alive once 
 could grant the lease to another replica. A thread cannot be killed: a sync function that
 has not returned by the deadline is *abandoned* and reported, so the caller can refuse
 to start the job again while it still runs.
+
+That stop sequence runs in this process, so it needs this process alive and scheduled.
+With a :class:`~fleetcron.reaper.Reaper` in the :class:`StopPolicy`, every process group
+of a run is also watched by the reaper process, told its stop points whenever they move:
+it stops the group on time when this process is frozen, and at once when it has died.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from fleetcron.isolated import PAYLOAD_ENV, child_command, child_payload
 from fleetcron.jobspec import CallTarget, CommandTarget, JobSpec
 from fleetcron.keepalive import stop_points
 from fleetcron.models import RunOutcome, micros_to_datetime
+from fleetcron.reaper import Reaper, Watch
 from fleetcron.scrub import Scrubber, ScrubbingStream
 from fleetcron.stores.ledger import OUTPUT_LIMIT
 
@@ -66,12 +72,18 @@ class StopPolicy:
     ``deadline`` returns the lease's current local deadline (monotonic µs; it moves when a
     renewal succeeds; ``None``: no deadline); ``deadline_reason`` is the reason recorded
     when the deadline stops the run; ``grace_us`` the time between SIGTERM and SIGKILL.
+    ``reaper``: the watchdog process that stops a run's process group on time should this
+    process freeze or die (``None``: none; it needs ``clock`` to be the system's
+    monotonic clock). ``moved``: set when a renewal moved the deadline, so the reaper
+    learns the new one at once, not at the old stop point.
     """
 
     deadline: Callable[[], int | None]
     deadline_reason: str
     grace_us: int
     clock: Clock = SYSTEM_CLOCK
+    reaper: Reaper | None = None
+    moved: asyncio.Event | None = None
 
 
 NO_DEADLINE = StopPolicy(deadline=lambda: None, deadline_reason="", grace_us=5_000_000)
@@ -158,6 +170,7 @@ async def _run_process(
     isolated: CallTarget | None,
 ) -> RunOutcome:
     env = _environment(ctx, backend_url)
+    watch = _expect(stop, cancellation, ctx)
     result_read = result_write = -1
     pass_fds: tuple[int, ...] = ()
     if isolated is not None:
@@ -165,6 +178,7 @@ async def _run_process(
         os.set_blocking(result_read, False)
         pass_fds = (result_write,)
         env[PAYLOAD_ENV] = child_payload(isolated, ctx, result_write)
+    process: asyncio.subprocess.Process | None = None
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -184,12 +198,18 @@ async def _run_process(
     finally:
         if result_write >= 0:
             os.close(result_write)
+        if watch is not None and process is None:
+            watch.done()
+    if watch is not None:
+        watch.attach(process.pid)  # unless it has ended already (nothing to stop then)
     tail = _OutputTail(ctx.job, echo, scrubber)
     reader = asyncio.create_task(tail.pump(process))
     try:
-        await _supervise(process, cancellation, stop)
+        await _supervise(process, cancellation, stop, watch)
     finally:
         _killpg(process.pid, signal.SIGKILL)  # whatever the run left behind in its group
+        if watch is not None:
+            watch.done()  # after the SIGKILL: nothing of the group is left to watch
         with contextlib.suppress(ProcessLookupError):
             await process.wait()
     try:
@@ -213,17 +233,42 @@ async def _run_process(
     )
 
 
+def _expect(stop: StopPolicy, cancellation: Cancellation, ctx: RunContext) -> Watch | None:
+    """Announce the run to the reaper before its process starts (``None``: no reaper)."""
+    if stop.reaper is None:
+        return None
+    points = stop_points(
+        deadline_us=stop.deadline(), grace_us=stop.grace_us, asked_at_us=cancellation.asked_at_us
+    )
+    return stop.reaper.expect(
+        ctx.run_id,
+        grace_us=stop.grace_us,
+        label=ctx.job,
+        term_at_us=points.term_at,
+        kill_at_us=points.kill_at,
+    )
+
+
 async def _supervise(
-    process: asyncio.subprocess.Process, cancellation: Cancellation, stop: StopPolicy
+    process: asyncio.subprocess.Process,
+    cancellation: Cancellation,
+    stop: StopPolicy,
+    watch: Watch | None = None,
 ) -> None:
     """Wait for ``process`` to end, stopping its group on time: SIGTERM when the run is
     asked to stop or a grace before the lease's deadline, SIGKILL at the deadline (or a
-    grace after the SIGTERM) — whichever comes first."""
+    grace after the SIGTERM) — whichever comes first. ``watch`` (the reaper's) is told
+    the stop points each time they are computed (it sends only a change)."""
     waiter = asyncio.ensure_future(process.wait())
     asked = asyncio.ensure_future(cancellation.event.wait())
+    moved = asyncio.ensure_future(stop.moved.wait()) if stop.moved is not None else None
     term_sent = False
     try:
         while not waiter.done():
+            if moved is not None and moved.done():
+                assert stop.moved is not None
+                stop.moved.clear()
+                moved = asyncio.ensure_future(stop.moved.wait())
             now = stop.clock.monotonic_us()
             deadline = stop.deadline()
             if deadline is not None and now >= deadline - stop.grace_us:
@@ -238,6 +283,8 @@ async def _supervise(
             if points.term_at is not None and now >= points.term_at and not term_sent:
                 _killpg(process.pid, signal.SIGTERM)
                 term_sent = True
+            if watch is not None:
+                watch.update(points.term_at, points.kill_at, term_sent)
             upcoming = [
                 t
                 for t in (points.term_at, points.kill_at)
@@ -247,9 +294,13 @@ async def _supervise(
             waits: set[asyncio.Future[Any]] = {waiter}
             if not asked.done():
                 waits.add(asked)
+            if moved is not None:
+                waits.add(moved)
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         asked.cancel()
+        if moved is not None:
+            moved.cancel()
 
 
 class _OutputTail:

@@ -3,7 +3,8 @@
 The scheduler starts ``python -m fleetcron.isolated`` like a command — in a process group
 of its own, with the run's ``FLEETCRON_*`` environment — so it is stopped like a command:
 SIGTERM a grace before the lease's deadline (here it cancels the context and raises
-:class:`~fleetcron.errors.RunCancelled` in the job), SIGKILL at the deadline.
+:class:`~fleetcron.errors.RunCancelled` in the job), SIGKILL at the deadline — by the
+replica, or by its reaper (:mod:`fleetcron.reaper`) when the replica is frozen or dead.
 
 :func:`child_command` builds the command line and the payload the parent passes in
 ``FLEETCRON_ISOLATED``; :func:`main` is the child's side. The child writes a failure's

@@ -18,6 +18,8 @@ One set of rules serves the lock API (:class:`~fleetcron.lease.Lease`,
   to a command's process group, a cancellation to Python code) ``kill_grace`` before the
   deadline, and killed (SIGKILL) at the deadline at the latest. A stop asked for another
   reason (timeout, shutdown, cancel requested) gets the grace, but never past the deadline.
+  A process group's stop points are also handed to the reaper (:mod:`fleetcron.reaper`),
+  which keeps them when the process supervising the work is frozen or dead.
 """
 
 from __future__ import annotations

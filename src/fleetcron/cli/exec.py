@@ -2,7 +2,10 @@
 
 The command runs only while this process holds the lease ``NAME``; it is started as an
 argv (never through a shell) in a process group of its own, so that everything it starts
-can be stopped together when the lease is lost or ``--timeout`` elapses. With
+can be stopped together when the lease is lost or ``--timeout`` elapses — by this process,
+and, should it be frozen or killed, by its reaper (:mod:`fleetcron.reaper`: one small
+process per invocation, started with the command, that stops the group at the lease's
+deadline on its own, and at once when this process has died). With
 ``--ping-url`` the run's start and end are pinged (:mod:`fleetcron.pings`) from a
 background thread; at the end they get a few seconds to go out, and never change the
 exit status.
@@ -34,17 +37,18 @@ from fleetcron.cli.exitcodes import (
     EXIT_STORE_UNAVAILABLE,
     EXIT_TIMEOUT,
 )
-from fleetcron.clock import SYSTEM_CLOCK, Clock
+from fleetcron.clock import SYSTEM_CLOCK, Clock, SystemClock
 from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.fleet import Fleet
 from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec
-from fleetcron.keepalive import effective_grace_us, stop_points
+from fleetcron.keepalive import StopPoints, effective_grace_us, stop_points
 from fleetcron.lease import Lease, LeaseTerms, new_holder
 from fleetcron.models import JobRecord, RunOutcome, SlotClaim
 from fleetcron.names import validate_job_name
 from fleetcron.pings import Pinger, check_ping_url, finish_ping, start_ping
+from fleetcron.reaper import Reaper, Watch
 from fleetcron.schedules import CronSchedule, Schedule, iso_utc, schedule_from_definition
 from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import SlotLease
@@ -165,12 +169,23 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
 class _Supervisor:
     """Runs the child and stops its process group on time: the stop sequence of
     :mod:`fleetcron.keepalive` — SIGTERM when asked to stop, or a grace before the lease's
-    local deadline; SIGKILL a grace after the SIGTERM, and at the deadline at the latest."""
+    local deadline; SIGKILL a grace after the SIGTERM, and at the deadline at the latest.
 
-    def __init__(self, child: subprocess.Popen[bytes], lease: Lease, grace_us: int) -> None:
+    ``watch``: the reaper's watch of the group, told the stop points whenever they change
+    (a renewal, a stop asked) and that the SIGTERM went out, so it keeps the same stop
+    sequence should this process freeze or die."""
+
+    def __init__(
+        self,
+        child: subprocess.Popen[bytes],
+        lease: Lease,
+        grace_us: int,
+        watch: Watch | None = None,
+    ) -> None:
         self.child = child
         self.lease = lease
         self.grace_us = grace_us
+        self.watch = watch
         self.reason: str | None = None
         self._asked_at_us: int | None = None
         self._term_sent = False
@@ -185,6 +200,21 @@ class _Supervisor:
             if not self._term_sent:
                 self._term_sent = True
                 self._signal(signal.SIGTERM)
+            self._tell_reaper()
+
+    def _points(self) -> StopPoints:
+        return stop_points(
+            deadline_us=self.lease.deadline_us,
+            grace_us=self.grace_us,
+            asked_at_us=self._asked_at_us,
+        )
+
+    def _tell_reaper(self) -> None:
+        # Under the lock (the lease's thread calls stop()): the state sent last is the
+        # state computed last.
+        if self.watch is not None:
+            points = self._points()
+            self.watch.update(points.term_at, points.kill_at, self._term_sent)
 
     def forward(self, signum: int) -> None:
         self._signal(signal.Signals(signum))
@@ -198,16 +228,16 @@ class _Supervisor:
     def enforce(self) -> float:
         """Send what is due now; return the seconds until the next stop point (or a poll)."""
         now = self.lease.clock.monotonic_us()
-        points = stop_points(
-            deadline_us=self.lease.deadline_us,
-            grace_us=self.grace_us,
-            asked_at_us=self._asked_at_us,
-        )
+        points = self._points()
         if points.term_at is not None and now >= points.term_at:
             # Without a successful renewal the group must be gone by the local deadline.
             self.stop("lease_lost")
         if points.kill_at is not None and now >= points.kill_at:
             self._signal(signal.SIGKILL)
+        # A renewal moved the deadline since the last look (it is polled: this runs at
+        # least every _POLL_SECONDS, and at each stop point before the reaper acts).
+        with self._lock:
+            self._tell_reaper()
         upcoming = [t for t in (points.term_at, points.kill_at) if t is not None and t > now]
         until_next = (min(upcoming) - now) / 1e6 if upcoming else _POLL_SECONDS
         return max(0.001, min(_POLL_SECONDS, until_next))
@@ -362,6 +392,39 @@ def _run_child(
     pending: list[int],
     forward_to: list[_Supervisor],
 ) -> int:
+    # The reaper's stop points are CLOCK_MONOTONIC instants: only with the system clock.
+    reaper = Reaper() if Reaper.supported() and isinstance(lease.clock, SystemClock) else None
+    watch = None
+    if reaper is not None:
+        # Announced before the command starts, so it is watched from its first instant.
+        points = stop_points(
+            deadline_us=lease.deadline_us, grace_us=options.kill_grace_us, asked_at_us=None
+        )
+        watch = reaper.expect(
+            run_id,
+            grace_us=options.kill_grace_us,
+            label=options.name,
+            term_at_us=points.term_at,
+            kill_at_us=points.kill_at,
+        )
+    try:
+        return _watched_child(lease, options, env, run_id, pending, forward_to, watch)
+    finally:
+        if watch is not None:
+            watch.done()
+        if reaper is not None:
+            reaper.close()  # it exits at once: nothing is left to watch
+
+
+def _watched_child(
+    lease: Lease,
+    options: ExecOptions,
+    env: dict[str, str],
+    run_id: str,
+    pending: list[int],
+    forward_to: list[_Supervisor],
+    watch: Watch | None,
+) -> int:
     try:
         child = subprocess.Popen(options.command, env=env, start_new_session=True)
     except FileNotFoundError:
@@ -379,6 +442,8 @@ def _run_child(
             extra={"action": "run_failed", "lock": options.name},
         )
         return EXIT_CANNOT_EXECUTE
+    if watch is not None:
+        watch.attach(child.pid)  # before any wait: the child is not reaped yet
     log.info(
         "running %s under %s (fence %d, run %s)",
         options.command[0],
@@ -387,7 +452,7 @@ def _run_child(
         run_id,
         extra={"action": "run_started", "lock": options.name, "fence": lease.fence},
     )
-    supervisor = _Supervisor(child, lease, options.kill_grace_us)
+    supervisor = _Supervisor(child, lease, options.kill_grace_us, watch)
     lease.on_lost(lambda _: supervisor.stop("lease_lost"))
     forward_to.append(supervisor)
     for signum in pending:

@@ -7,6 +7,11 @@ and its outcome is recorded only while its fence is current. A sync function tha
 return when cancelled is *abandoned*: no other run of its job starts on this replica until
 it returns (the loop asks :attr:`Supervisor.abandoned`). A job with a ``ping_url`` has
 each attempt's start and end pinged in the background (:mod:`fleetcron.pings`).
+
+A run in a process (a command, ``isolate = "process"``) is also watched by the replica's
+reaper (:mod:`fleetcron.reaper`, one process per replica, started with its first such
+run and closed when the replica has drained): it stops the run's process group at the
+lease's deadline when the replica is frozen, and at once when the replica has died.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fleetcron._log import log
-from fleetcron.clock import Clock
+from fleetcron.clock import Clock, SystemClock
 from fleetcron.context import RunContext
 from fleetcron.errors import StoreError
 from fleetcron.executor import Cancellation, StopPolicy, execute
@@ -27,6 +32,7 @@ from fleetcron.lease import LeaseTerms
 from fleetcron.metrics import Metrics
 from fleetcron.models import RunOutcome, RunRecord
 from fleetcron.pings import AsyncPinger, finish_ping, start_ping
+from fleetcron.reaper import Reaper
 from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.recovery import Recovery
 from fleetcron.scrub import Scrubber
@@ -47,6 +53,29 @@ class SupervisorOptions:
     shutdown_grace_s: float
     backend_url: str | None
     echo: bool
+
+
+class _RunLease(AsyncSlotLease):
+    """A run's lease that says when a renewal has moved its deadline (:attr:`moved`), so
+    the run's supervision tells the reaper at once — not at the old stop point, where the
+    reaper would be deciding too."""
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        terms: LeaseTerms,
+        run: RunRecord,
+        *,
+        sent_us: int,
+        clock: Clock,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(store, terms, run, sent_us=sent_us, clock=clock, on_cancel=on_cancel)
+        self.moved = asyncio.Event()
+
+    async def extend(self) -> None:
+        await super().extend()
+        self.moved.set()
 
 
 @dataclass(eq=False)
@@ -86,6 +115,9 @@ class Supervisor:
         # Jobs whose sync function was abandoned after its cancellation and still runs.
         self.abandoned: dict[str, asyncio.Future[object]] = {}
         self.pings = AsyncPinger()
+        # The reaper's stop points are CLOCK_MONOTONIC instants: a test's fake clock has
+        # none to give it.
+        self.reaper = Reaper() if Reaper.supported() and isinstance(clock, SystemClock) else None
 
     def start(self, record: RunRecord, sent_us: int) -> None:
         """Run a claimed attempt; ``sent_us``: when its claim was sent (its lease's start)."""
@@ -98,7 +130,7 @@ class Supervisor:
             self._run_one(entry, sent_us), name=f"fleetcron-run:{record.job}"
         )
 
-    def _slot_lease(self, entry: Running, sent_us: int) -> AsyncSlotLease:
+    def _slot_lease(self, entry: Running, sent_us: int) -> _RunLease:
         """The run's lease: renewed (keepalive = true), its loss stops the run."""
         spec, record = entry.spec, entry.record
         terms = LeaseTerms(
@@ -108,7 +140,7 @@ class Supervisor:
             lock_at_least_us=spec.lock_at_least_us,
             keepalive=spec.keepalive,
         )
-        lease = AsyncSlotLease(
+        lease = _RunLease(
             self.store,
             terms,
             record,
@@ -121,7 +153,8 @@ class Supervisor:
             lease.start_keepalive()
         return lease
 
-    def _stop_policy(self, spec: JobSpec, lease: AsyncSlotLease) -> StopPolicy:
+    def _stop_policy(self, spec: JobSpec, lease: _RunLease) -> StopPolicy:
+        in_process = isinstance(spec.target, CommandTarget) or spec.isolate == "process"
         return StopPolicy(
             deadline=lambda: lease.deadline_us,
             deadline_reason="lease lost" if spec.keepalive else "lock_at_most elapsed",
@@ -129,6 +162,8 @@ class Supervisor:
                 round(self.options.kill_grace_s * 1e6), spec.lock_at_most_us
             ),
             clock=self.clock,
+            reaper=self.reaper if in_process else None,
+            moved=lease.moved,
         )
 
     async def _run_one(self, entry: Running, sent_us: int) -> None:
@@ -367,4 +402,7 @@ class Supervisor:
             task.cancel()
         if cancelled:  # their last pings are queued as they unwind
             await asyncio.wait(cancelled, timeout=1)
+        if self.reaper is not None:
+            # Every run has ended (each told the reaper): it exits as its pipe closes.
+            await asyncio.to_thread(self.reaper.close)
         await self.pings.close()
