@@ -34,12 +34,10 @@ What a passing run proves, for every program it ran:
   and each name's real fences strictly increase in grant order — across release, expiry,
   claims that only move the counter, and ``lease_prune``.
 
-Two kinds of differences are let through, each named where it is handled: the side rows
-the contract leaves open (:func:`_open_row`: the backends disagree on when a write of a
-job's ledger also makes an empty job row or an unheld job-lease row), and the known
-defects of a backend (``StoreModel.orphaned_runs_unseen`` on Redis,
-``StoreModel.extension_within_least_misreads_clock`` on MySQL), each held by a strict
-``xfail`` in test_store_model_repro.py so that its fix removes the allowance. Two mutants
+One kind of difference is let through, named where it is handled: the side rows the
+contract leaves open (:func:`_open_row`: the backends disagree on when a write of a job's
+ledger also makes an empty job row or an unheld job-lease row). The defects this test
+found are held, each in its smallest form, by test_store_model_repro.py. Two mutants
 of the reference (a release without the owner check, a lock that trusts a clock running
 ahead) must be caught: the model would notice such a store.
 
@@ -208,21 +206,10 @@ class Reference:
     def ops(self) -> Operations:
         return self.store.ops
 
-    def run_at(self, now_us: int, operation: Operation[T], *, hide_orphans: bool = False) -> T:
-        """Run ``operation`` at ``now_us``. ``hide_orphans``: as if the run rows of jobs
-        without a job row did not exist (what a namespace-wide ledger operation of the
-        Redis store sees today: test_store_model_repro.py)."""
+    def run_at(self, now_us: int, operation: Operation[T]) -> T:
+        """Run ``operation`` at ``now_us``."""
         self.clock.now_us = now_us
-        if not hide_orphans:
-            return self.store.run(operation)
-        state = self.store._state
-        orphans = {key: run for key, run in state.runs.items() if key[:2] not in state.jobs}
-        for key in orphans:
-            del state.runs[key]
-        try:
-            return self.store.run(operation)
-        finally:
-            state.runs.update(orphans)
+        return self.store.run(operation)
 
     def snapshot(self) -> _State:
         state = self.store._state
@@ -422,18 +409,6 @@ class StoreModel(RuleBasedStateMachine):
     """One program: a namespace of its own on ``store``, mirrored by the reference."""
 
     store: ClassVar[SyncStore]
-    extension_within_least_misreads_clock: ClassVar[bool] = False
-    """A known defect of the backend, avoided so that the rest is still checked: a lease
-    extension shorter than what is left of ``lock_at_least`` answers a ``now_us`` later
-    than the store's clock. MySQL, until fixed; the model then never extends by less than
-    the grant's ``lock_at_least`` (the lease API never does: it extends by
-    ``lock_at_most``). test_store_model_repro.py holds the defect."""
-    orphaned_runs_unseen: ClassVar[bool] = False
-    """A known defect of the backend, emulated by the reference so that the rest is still
-    checked: its namespace-wide ledger operations (``run_list`` of every job, ``run_due``
-    of every job, ``run_prune``) miss the runs of a job whose job row was deleted. Redis,
-    until fixed; test_store_model_repro.py holds the defect (it XPASSes once fixed: then
-    drop this)."""
     counts: ClassVar[Counter[str]]  # steps run, by operation
     seen: ClassVar[Counter[str]]  # what the claims answered, and retried attempts
 
@@ -544,7 +519,6 @@ class StoreModel(RuleBasedStateMachine):
         ages: Sequence[int] = (),
         creates: Sequence[str] = (),
         per_row: bool = False,
-        namespace_wide: bool = False,
         read_only: bool = False,
     ) -> T:
         """Run one step on both sides; fail unless the reference, at some instant of the
@@ -552,18 +526,15 @@ class StoreModel(RuleBasedStateMachine):
         step's age thresholds (their boundaries are instants to try); ``creates``: the
         jobs whose open side rows the step may make (:func:`_open_row`); ``per_row``: a
         namespace-wide read whose rows may each carry their own ``now_us`` (Redis reads
-        row by row, each at its own ``TIME``), compared without it; ``namespace_wide``: a
-        ledger operation over every job of the namespace (see ``orphaned_runs_unseen``);
-        ``read_only``: a read, whose rows are not read again after it (the next step's
-        are)."""
+        row by row, each at its own ``TIME``), compared without it; ``read_only``: a read,
+        whose rows are not read again after it (the next step's are)."""
         type(self).counts[label.split("(")[0]] += 1
         real, low, high = self._observe(label, make)
         picture = None if read_only else self._real_picture()
-        hide_orphans = namespace_wide and self.orphaned_runs_unseen
         for now in self._candidates(low, high, [real, picture], ages):
             saved, fences = self.reference.snapshot(), self.fences.copy()
             operation = make(self.reference.ops, fences.model)
-            model = self.reference.run_at(now, operation, hide_orphans=hide_orphans)
+            model = self.reference.run_at(now, operation)
             compared = _unclocked(real) if per_row else real
             if _same(compared, _unclocked(model) if per_row else model, fences):
                 found: list[str] = []
@@ -575,7 +546,7 @@ class StoreModel(RuleBasedStateMachine):
                     self._adopt(extra)
                     return real
             self.reference.restore(saved)
-        self._disagree(label, make, real, low, high, picture, hide=hide_orphans)
+        self._disagree(label, make, real, low, high, picture)
 
     def _adopt(self, extra: Picture) -> None:
         """Take over the open rows only the real store made (:func:`_open_row`)."""
@@ -593,8 +564,6 @@ class StoreModel(RuleBasedStateMachine):
         low: int,
         high: int,
         picture: Picture | None,
-        *,
-        hide: bool = False,
     ) -> NoReturn:
         lines = [f"{label}: the store's answer is not the reference's at any instant of"]
         lines.append(f"  [{low}, {high}] (store clock, µs; {high - low} µs wide)")
@@ -602,7 +571,7 @@ class StoreModel(RuleBasedStateMachine):
         for now in (low, high):
             saved, fences = self.reference.snapshot(), self.fences.copy()
             operation = make(self.reference.ops, fences.model)
-            model = self.reference.run_at(now, operation, hide_orphans=hide)
+            model = self.reference.run_at(now, operation)
             lines.append(f"  model at {now}: {model!r}")
             if picture is not None:
                 found, _ = picture.differences(self._model_picture(), fences)
@@ -803,8 +772,6 @@ class StoreModel(RuleBasedStateMachine):
             self._extend(grant, ttl, 1 if stale else grant.fence)  # 1: no grant's fence
 
     def _extend(self, grant: Grant, ttl: int, fence: int) -> None:
-        if self.extension_within_least_misreads_clock:
-            ttl = max(ttl, grant.least_us)  # as the lease API extends: by lock_at_most
         self.check(
             f"extend({grant}, ttl={ttl}, fence={fence})",
             lambda ops, model: ops.lease_extend(
@@ -1019,7 +986,6 @@ class StoreModel(RuleBasedStateMachine):
             f"run_prune(keep={keep}, older_than={age})",
             lambda ops, _: ops.run_prune(self.ns, keep, age),
             ages=(age,),
-            namespace_wide=True,
         )
 
     @rule(
@@ -1042,7 +1008,6 @@ class StoreModel(RuleBasedStateMachine):
             f"run_due(limit={limit}, jobs={jobs})",
             lambda ops, _: ops.run_due(self.ns, limit, jobs),
             per_row=True,
-            namespace_wide=jobs is None,
             read_only=True,
         )
 
@@ -1055,7 +1020,6 @@ class StoreModel(RuleBasedStateMachine):
             f"run_list(None, {limit})",
             lambda ops, _: ops.run_list(ns, None, limit),
             per_row=True,
-            namespace_wide=True,
             read_only=True,
         )
         self.check("job_list()", lambda ops, _: ops.job_list(ns), per_row=True, read_only=True)
@@ -1086,14 +1050,10 @@ def test_every_step_on_the_real_store_is_the_reference_stores_step(
     store = open_store(parse_store_url(url))
     counts: Counter[str] = Counter()
     seen: Counter[str] = Counter()
-    known = {  # each to be dropped with its fix (see test_store_model_repro.py)
-        "orphaned_runs_unseen": kind == "redis",
-        "extension_within_least_misreads_clock": kind == "mysql",
-    }
     machine = type(
         f"{kind.capitalize()}Model",
         (StoreModel,),
-        {"store": store, "counts": counts, "seen": seen, **known},
+        {"store": store, "counts": counts, "seen": seen},
     )
     test = get_state_machine_test(machine, settings=_settings())
     if LONG_RUN:

@@ -1,9 +1,6 @@
-"""Minimal reproductions of the defects the model-based test (test_store_model.py) found.
-
-Each runs on every backend and holds the behaviour of the reference store; the backend that
-does not keep it is marked ``xfail(strict=True)`` until the defect is fixed — then the test
-passes there, the strict marker fails it, and the marker (and the model's emulation of the
-defect, if any) is to be removed.
+"""Minimal reproductions of the defects the model-based test (test_store_model.py) found,
+kept as regression tests: each runs on every backend and holds the behaviour of the
+reference store (the backend that broke it is named in the test).
 """
 
 from __future__ import annotations
@@ -27,22 +24,12 @@ def store(backend_url: str) -> Iterator[SyncStore]:
         opened.close()
 
 
-def known_defect(request: pytest.FixtureRequest, backend_url: str, kind: str, why: str) -> None:
-    if parse_store_url(backend_url).kind == kind:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=why))
-
-
 def test_the_runs_of_a_deleted_job_are_still_listed_and_pruned_namespace_wide(
-    store: SyncStore, namespace: str, backend_url: str, request: pytest.FixtureRequest
+    store: SyncStore, namespace: str
 ) -> None:
     # Model: record(j1, skipped); delete_job(j1); list_everything() -> run_list(None) == [].
-    known_defect(
-        request,
-        backend_url,
-        "redis",
-        "Redis finds a namespace's runs by SCAN of its job rows: once job_delete removed "
-        "the row, run_list/run_due/run_prune of every job miss the job's runs",
-    )
+    # Redis found a namespace's runs by SCAN of its job rows: once job_delete removed the
+    # row, run_list/run_due/run_prune of every job missed the job's runs.
     ops = store.ops
     slot = store.run(ops.store_now()) - 60 * SECOND
     assert store.run(ops.run_record(namespace, "job", slot, "skipped", None, "schedule"))
@@ -57,16 +44,11 @@ def test_the_runs_of_a_deleted_job_are_still_listed_and_pruned_namespace_wide(
 
 
 def test_an_extension_within_lock_at_least_answers_the_store_clock_of_the_call(
-    store: SyncStore, namespace: str, backend_url: str, request: pytest.FixtureRequest
+    store: SyncStore, namespace: str
 ) -> None:
     # Model: acquire(a, ttl=10m, least=40ms); extend(a, ttl=1µs) -> now_us after the call.
-    known_defect(
-        request,
-        backend_url,
-        "mysql",
-        "MySQL's lease_extend answers now_us = expires - ttl, which is min_until - ttl, "
-        "later than the store's clock, when min_until is later than now + ttl",
-    )
+    # MySQL answered now_us = expires - ttl, which is min_until - ttl, later than the
+    # store's clock, when min_until was later than now + ttl.
     ops = store.ops
     first = store.run(ops.lease_acquire(namespace, "job", "h1", 60 * SECOND, 30 * SECOND))
     assert first is not None

@@ -22,8 +22,10 @@ Cluster slot and one atomic script. With ``B = fleetcron:{<len(ns)>:<ns>:fleetcr
 
 NULL is an absent hash field. A lease key ends with ``}``; ledger keys never do, which is
 how ``lease_list``/``lease_prune`` tell them apart in a SCAN of the namespace. Jobs of a
-namespace are found by SCAN of ``…:fleetcron:job:*}:job`` (no per-namespace index: it
-would be another Cluster slot). The scripts of a whole job (``run_list``, ``run_cancel``,
+namespace are found by SCAN of ``…:fleetcron:job:*}:job``, and its runs by SCAN of
+``…:fleetcron:job:*}:slots`` — so the runs that ``job_delete`` leaves (it removes the job
+row, never a run) are still listed and pruned (no per-namespace index: it would be another
+Cluster slot). The scripts of a whole job (``run_list``, ``run_cancel``,
 ``run_prune``, ``run_prune_job``, ``job_delete``) are given the slot index as their key and
 reach the run rows named in it; those rows share its hash tag, so they are in the same slot.
 
@@ -138,8 +140,11 @@ def _jobs_pattern(namespace: str) -> str:
     return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:{prefix}*}}:job"
 
 
-def _slots_of(job_row_key: str) -> str:
-    return job_row_key.removesuffix(":job") + ":slots"
+def _slots_pattern(namespace: str) -> str:
+    """SCAN pattern of every slot index of ``namespace``: the jobs that have runs, whether
+    or not their job row still exists (``job_delete`` keeps the runs it does not own)."""
+    prefix = _glob_escape(job_lease_name(""))
+    return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:{prefix}*}}:slots"
 
 
 def _is_lease_key(key: str) -> bool:
@@ -361,8 +366,8 @@ class _RedisLedger:
         if job is not None:
             reply = yield Script("run_list", (slots_key(namespace, job),), (limit,))
             return [_run(namespace, row) for row in reply]
-        keys = yield KeyScan(_jobs_pattern(namespace))
-        replies = yield fan_out("run_list", tuple(_slots_of(key) for key in keys), (limit,))
+        keys = yield KeyScan(_slots_pattern(namespace))
+        replies = yield fan_out("run_list", tuple(keys), (limit,))
         rows = [_run(namespace, row) for reply in replies for row in reply]
         rows.sort(key=lambda run: (-run.slot_us, run.job))
         return rows[:limit]
@@ -373,8 +378,8 @@ class _RedisLedger:
         if limit <= 0 or (jobs is not None and not jobs):
             return []
         if jobs is None:
-            found = yield KeyScan(_jobs_pattern(namespace))
-            slot_keys = tuple(_slots_of(key) for key in found)
+            found = yield KeyScan(_slots_pattern(namespace))
+            slot_keys = tuple(found)
         else:  # the named jobs' slot indexes: no scan
             slot_keys = tuple(slots_key(namespace, job) for job in jobs)
         replies = yield fan_out("run_due", slot_keys, (limit,))
@@ -383,10 +388,8 @@ class _RedisLedger:
         return rows[:limit]
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
-        keys = yield KeyScan(_jobs_pattern(namespace))
-        replies = yield fan_out(
-            "run_prune", tuple(_slots_of(key) for key in keys), (max(keep, 0), older_than_us)
-        )
+        keys = yield KeyScan(_slots_pattern(namespace))
+        replies = yield fan_out("run_prune", tuple(keys), (max(keep, 0), older_than_us))
         return sum(int(reply) for reply in replies)
 
     def run_prune_job(

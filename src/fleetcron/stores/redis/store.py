@@ -78,6 +78,9 @@ def _collect(pending: list[int], replies: list[Any], results: list[Any]) -> list
 
 
 _SCRIPT_LOAD_TRIES = 3
+# Keys a SCAN step looks at: the default (10) costs one round trip per 10 keys of the
+# whole database, fleetcron's or not.
+_SCAN_COUNT = 1000
 
 _SETTINGS = ("appendonly", "appendfsync", "save", "maxmemory-policy")
 
@@ -126,7 +129,7 @@ class RedisStore:
     def _execute(self, statement: Statement) -> Any:
         match statement:
             case KeyScan(pattern):
-                return [_text(k) for k in self._client.scan_iter(match=pattern)]
+                return [_text(k) for k in self._client.scan_iter(match=pattern, count=_SCAN_COUNT)]
             case ScriptCalls(name, calls):
                 return self._pipeline(self._scripts[name], list(calls))
             case Script(name, keys, args):
@@ -234,7 +237,8 @@ class AsyncRedisStore:
         try:
             match statement:
                 case KeyScan(pattern):
-                    return [_text(k) async for k in self._client.scan_iter(match=pattern)]
+                    keys = self._client.scan_iter(match=pattern, count=_SCAN_COUNT)
+                    return [_text(k) async for k in keys]
                 case ScriptCalls(name, calls):
                     return await self._pipeline(self._scripts[name], list(calls))
                 case Script(name, keys, args):
