@@ -29,17 +29,19 @@ VALUES (%(namespace)s, %(name)s, '', 0, '1970-01-01', '1970-01-01', '1970-01-01'
 ON DUPLICATE KEY UPDATE fence = fence;
 
 -- name: lease_extend
--- FOUND_ROWS makes the UPDATE's count the rows it matched: 0 means not ours any more.
+-- FOUND_ROWS makes the UPDATE's count the rows it matched: 0 means not ours any more. The
+-- clock is read once, so the answer's now_us is the UPDATE's even when min_until decides.
+SET @fc_t = CAST(UTC_TIMESTAMP(6) AS DATETIME(6));
 UPDATE fleetcron_lease
-   SET expires_at = GREATEST(TIMESTAMPADD(MICROSECOND, %(ttl_us)s, UTC_TIMESTAMP(6)), min_until)
+   SET expires_at = GREATEST(TIMESTAMPADD(MICROSECOND, %(ttl_us)s, CAST(@fc_t AS DATETIME(6))),
+                             min_until)
  WHERE namespace = %(namespace)s AND name = %(name)s
-   AND holder = %(holder)s AND fence = %(fence)s AND expires_at > UTC_TIMESTAMP(6);
+   AND holder = %(holder)s AND fence = %(fence)s AND expires_at > CAST(@fc_t AS DATETIME(6));
 SELECT name, holder, fence,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until),
-       -- the UPDATE's clock: expires = now + ttl (min_until is never later, as least <= most)
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at) - %(ttl_us)s
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', CAST(@fc_t AS DATETIME(6)))
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s AND name = %(name)s
    AND holder = %(holder)s AND fence = %(fence)s;
