@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "ok" if result.ok else "FAILED"
             sys.stdout.write(
                 f"{scenario.name:28} {backend:9} {verdict:6} {result.seconds:6.1f}s "
-                f"faults={result.faults} events={result.events} slots={result.slots}\n"
+                f"faults={result.faults} events={result.events} slots={result.slots}"
+                + (f" stale_rejected={result.report.rejected}" if result.report else "")
+                + "".join(f" allowed:{kind}={n}" for kind, n in sorted(result.allowed().items()))
+                + "\n"
             )
             if not result.ok:
                 if result.error:

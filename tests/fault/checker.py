@@ -134,6 +134,8 @@ class Report:
     """Grants (``acquire_ok``)."""
     writes: int = 0
     """Protected writes judged (accepted + rejected)."""
+    rejected: int = 0
+    """Of those, writes the resource rejected as stale (a fence outrun by a newer one)."""
     slots: int = 0
     """Expected slots checked against the ledger."""
     signs: int = 0
@@ -458,6 +460,7 @@ class _Checker:
             elif op.outcome.event == "write_rejected":
                 rejected.append(op)
         self.report.writes = sum(len(ops) for ops in accepted.values()) + len(rejected)
+        self.report.rejected = len(rejected)
         for name, writes in accepted.items():
             writes.sort(key=lambda w: w.outcome.mono_us if w.outcome else 0)
             ends = [w.end or 0 for w in writes]

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,8 @@ class Run:
     tmp: Path
     namespace: str = field(default_factory=lambda: f"fault-{uuid.uuid4().hex[:12]}")
     server: Any = None
+    store_clock: Any = None
+    """The owned server's :class:`~fault.clock.SteppableClock` (``Scenario.store_clock``)."""
     procs: list[Proc] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     ledger_jobs: set[str] = field(default_factory=set)
@@ -304,7 +307,7 @@ class Run:
 
     def jobs_file(
         self,
-        job: str = "tick",
+        job: str | Sequence[str] = "tick",
         *,
         every: str = "1s",
         work_s: float = 0.1,
@@ -312,15 +315,19 @@ class Run:
         extra: str = "",
         path: Path | None = None,
     ) -> Path:
-        """A jobs file with one command job whose body is :func:`fault.workers.jobbody`."""
+        """A jobs file with a command job (or one per name of ``job``) whose body is
+        :func:`fault.workers.jobbody`."""
         path = path or self.tmp / "jobs.toml"
-        command = self.job_body(job, work_s)
+        names = [job] if isinstance(job, str) else list(job)
         path.write_text(
-            f"[jobs.{job}]\n"
-            f'every = "{every}"\n'
-            f"command = {json.dumps(command)}\n"
-            f'lock_at_most = "{lock_at_most}"\n'
-            f"{extra}"
+            "".join(
+                f"[jobs.{name}]\n"
+                f'every = "{every}"\n'
+                f"command = {json.dumps(self.job_body(name, work_s))}\n"
+                f'lock_at_most = "{lock_at_most}"\n'
+                f"{extra}"
+                for name in names
+            )
         )
         return path
 
@@ -428,6 +435,8 @@ class Scenario:
     server_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per backend: the keyword arguments of its owned server."""
     ok_states: frozenset[str] = frozenset({"succeeded"})
+    store_clock: bool = False
+    """Run the owned server under a :class:`~fault.clock.SteppableClock` (``run.store_clock``)."""
 
 
 @dataclass
@@ -457,20 +466,39 @@ class RunResult:
             "slots": self.slots,
             "seconds": round(self.seconds, 1),
             "anomalies": [str(a) for a in self.report.anomalies] if self.report else [],
+            "allowed": dict(self.allowed()),
+            "grants": self.report.grants if self.report else 0,
+            "writes": self.report.writes if self.report else 0,
+            "rejected": self.report.rejected if self.report else 0,
+            "signs": self.report.signs if self.report else 0,
             "error": self.error,
         }
+
+    def allowed(self) -> Counter[str]:
+        """The allowed anomalies found, by kind (the scenario's faults showing through)."""
+        if self.report is None:
+            return Counter()
+        return Counter(anomaly.kind for anomaly in self.report.allowed)
 
 
 def _store_for(
     scenario: Scenario, backend: str, tmp: Path, stack: contextlib.ExitStack
-) -> tuple[str, Any]:
+) -> tuple[str, Any, Any]:
+    """The store's URL, its owned server (or ``None``) and the server's steppable clock
+    (or ``None``)."""
     if backend == "sqlite":
-        return f"sqlite:///{tmp / 'store.db'}", None
+        return f"sqlite:///{tmp / 'store.db'}", None, None
     if scenario.needs == "shared":
-        return SERVICE_URLS[backend], None
+        return SERVICE_URLS[backend], None, None
     from fault import servers
+    from fault.clock import SteppableClock
 
     options = dict(scenario.server_options.get(backend, {}))
+    clock = None
+    if scenario.store_clock:
+        clock = SteppableClock(0)
+        stack.callback(clock.close)
+        options["env"] = {**options.get("env", {}), **clock.env}
     server: Any
     if backend == "postgres":
         server = servers.PostgresCluster(tmp / "pg", **options)
@@ -479,7 +507,7 @@ def _store_for(
     else:
         server = servers.RedisInstance(tmp / "redis", **options)
     stack.callback(server.close)
-    return str(server.url), server
+    return str(server.url), server, clock
 
 
 def run_scenario(scenario: Scenario, backend: str, *, keep: Path | None = None) -> RunResult:
@@ -488,8 +516,15 @@ def run_scenario(scenario: Scenario, backend: str, *, keep: Path | None = None) 
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fault-")))
-        url, server = _store_for(scenario, backend, tmp, stack)
-        run = Run(scenario=scenario.name, backend=backend, url=url, tmp=tmp, server=server)
+        url, server, clock = _store_for(scenario, backend, tmp, stack)
+        run = Run(
+            scenario=scenario.name,
+            backend=backend,
+            url=url,
+            tmp=tmp,
+            server=server,
+            store_clock=clock,
+        )
         run.allow |= scenario.allow
         error = None
         try:

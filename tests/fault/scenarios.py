@@ -205,6 +205,27 @@ def store_restart(run: Run) -> None:
     run.wait_exit(procs)
 
 
+def store_clock_forward(run: Run) -> None:
+    """The store server's clock is stepped forward while renewing contenders hold the
+    lease: 5 s (past the lease), then 10 minutes. The lease ends at once by the store's
+    clock and another contender takes it, while the holder works on to its local deadline
+    — what a store clock step costs, and why the fences exist: no two holders are valid at
+    one store time, fences keep increasing, and the old holder's next write is rejected
+    as stale (``stale_rejected`` in the results) and never retried."""
+    procs = run.lockers(4, ttl_ms=1000, hold_ms=300, writes=3, duration_s=8, keepalive=True)
+    for step_s in (5, 600):
+        _holder_proc(run, procs)
+        seen = _grants(run)
+        run.store_clock.step(step_s)
+        run.fault(f"store clock stepped forward {step_s}s")
+        wait_until(
+            lambda: _grants(run) > seen,  # noqa: B023 - used before the next iteration
+            timeout=30,
+            what="a grant after the step",
+        )
+    run.wait_exit(procs)
+
+
 def store_paused(run: Run) -> None:
     """The store server is SIGSTOPped for longer than the lease, then resumed."""
     procs = run.lockers(4, ttl_ms=800, hold_ms=200, writes=4, duration_s=8, keepalive=True)
@@ -218,14 +239,14 @@ def store_paused(run: Run) -> None:
 
 
 # -- scheduler scenarios ------------------------------------------------------------------
-def _window(run: Run, job: str) -> None:
-    """Every one-second slot between the first and the last ledger row is expected."""
+def _window(run: Run, job: str, every_us: int = SECOND) -> None:
+    """Every slot between the first and the last ledger row is expected."""
     rows = run.ledger(job)
     if not rows:
         raise ScenarioFailed(f"no ledger row for {job}")
     first = min(row.slot_us for row in rows)
     last = max(row.slot_us for row in rows)
-    run.expected_slots[job] = list(range(first, last + 1, SECOND))
+    run.expected_slots[job] = list(range(first, last + 1, every_us))
 
 
 def replicas_baseline(run: Run) -> None:
@@ -249,6 +270,29 @@ def replica_sigkill(run: Run) -> None:
     run.wait_runs("tick", 6)
     run.stop_all()
     _window(run, "tick")
+
+
+def store_restart_claims(run: Run) -> None:
+    """Three replicas claim eight jobs due together every 2 s (one batch per replica per
+    slot) while the store server is restarted immediately — PostgreSQL ``-m immediate``,
+    MariaDB ``kill -9`` (InnoDB recovers), Redis ``SHUTDOWN NOSAVE`` with its AOF — twice,
+    each 5 ms after a slot's instant, while its claims are in flight: every slot runs once
+    or is recorded, fences keep increasing."""
+    names = [f"batch{index}" for index in range(8)]
+    run.replicas(3, run.jobs_file(names, every="2s", work_s=0.3, lock_at_most="3s"))
+    run.wait_runs(names[0], 1)
+    for _ in range(2):
+        now = run.store_now()
+        boundary = now - now % (2 * SECOND) + 2 * SECOND
+        time.sleep((boundary - now + 5_000) / 1e6)  # the fault's timing, not a wait
+        run.server.restart()
+        run.fault(f"restart the {run.backend} server during a slot's claims")
+        finished = len(run.ledger(names[0]))
+        run.wait_runs(names[0], finished + 1)
+    run.wait_runs(names[-1], 4)
+    run.stop_all()
+    for name in names:
+        _window(run, name, 2 * SECOND)
 
 
 def replica_sigstop(run: Run) -> None:
@@ -586,6 +630,24 @@ SCENARIOS: tuple[Scenario, ...] = (
         store_restart,
         backends=("postgres", "mysql", "redis"),
         needs="owned",
+        server_options={"redis": {"persistence": "aof"}},
+    ),
+    Scenario(
+        "store_clock_forward",
+        "store clock stepped forward mid-hold (5 s, then 10 min)",
+        store_clock_forward,
+        backends=("postgres", "mysql", "redis"),
+        needs="owned",
+        store_clock=True,
+        server_options={"redis": {"persistence": "aof"}},
+    ),
+    Scenario(
+        "store_restart_claims",
+        "store restarted (immediate) during replicas' batch claims",
+        store_restart_claims,
+        backends=("postgres", "mysql", "redis"),
+        needs="owned",
+        ok_states=_LOST_OK,
         server_options={"redis": {"persistence": "aof"}},
     ),
     Scenario(

@@ -116,8 +116,14 @@ def _hold(
             return
         seen_expiry = _log_renewal(writer, lease, seen_expiry)
         writer.log("alive", name, fence=fence)
+        accepted = True
         with contextlib.suppress(sqlite3.Error):  # logged as write_error by the resource
-            resource.write(writer, name, fence)
+            accepted = resource.write(writer, name, fence)
+        if not accepted:
+            # A newer fence wrote: the lease is someone else's, whatever this process's
+            # clock says (the store's clock stepped forward). Never written again.
+            writer.log("stopped", name, fence=fence, reason="write rejected as stale")
+            return
         time.sleep(pause_s)
     writer.log("release_invoke", name, fence=fence)
     try:
