@@ -202,9 +202,11 @@ async def test_start_and_finish_pair_up_by_run_id_in_order_even_when_the_start_i
         pinger.send(finish_ping("job", url, "A", SUCCEEDED, exit_status=0))
         pinger.send(start_ping("job", url, "B"))
         # Run B's start goes out while A's start still waits: runs do not wait on each other.
+        # (Either may reach the server first: they are sent side by side.)
         seen = await wait_received(
             server, lambda got: [r for r in got if r.rid == "B"], "run B's start"
         )
+        await wait_received(server, lambda got: [r for r in got if r.rid == "A"], "A's start")
         assert [(r.rid, r.path) for r in server.received if r.rid == "A"] == [
             ("A", f"/ping/{SECRET}/start")
         ], "run A's finish went out before its start was answered"
