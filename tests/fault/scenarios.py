@@ -662,12 +662,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         "replica_sigkill",
         "the running replica SIGKILLed",
         replica_sigkill,
+        fast=True,
         ok_states=_LOST_OK,
     ),
     Scenario(
         "replica_sigstop",
         "the running replica paused past its lease",
         replica_sigstop,
+        fast=True,
         ok_states=_LOST_OK,
     ),
     Scenario(
