@@ -21,6 +21,7 @@ from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.redis.operations import (
     RedisOperations,
     _jobs_pattern,
+    _slots_pattern,
     _namespace_pattern,
     job_key,
     lease_key,
@@ -351,8 +352,9 @@ def test_list_of_one_job_reads_its_slot_index() -> None:
     assert execute.statements == [Script("run_list", (SLOTS,), (2,))]
 
 
-def test_list_of_every_job_scans_job_rows_then_merges_newest_slot_first() -> None:
-    jobs = [job_key(NS, "b"), job_key(NS, "a")]
+def test_list_of_every_job_scans_slot_indexes_then_merges_newest_slot_first() -> None:
+    # The slot indexes, not the job rows: a deleted job's runs are still listed.
+    jobs = [slots_key(NS, "b"), slots_key(NS, "a")]
     execute = FakeExecute(
         jobs,
         [
@@ -365,7 +367,7 @@ def test_list_of_every_job_scans_job_rows_then_merges_newest_slot_first() -> Non
 
     assert [(run.job, run.slot_us) for run in listed] == [("a", 5), ("b", 5), ("a", 4), ("b", 3)]
     assert execute.statements == [
-        KeyScan(_jobs_pattern(NS)),
+        KeyScan(_slots_pattern(NS)),
         fan_out("run_list", (slots_key(NS, "b"), slots_key(NS, "a")), (4,)),
     ]
 
@@ -390,11 +392,12 @@ def test_due_rows_of_named_jobs_read_their_slot_indexes_without_a_scan() -> None
     assert len(execute.statements) == 1
 
 
-def test_prune_scans_job_rows_then_prunes_each_job_and_adds_up() -> None:
-    jobs = [job_key(NS, "a"), job_key(NS, "b")]
+def test_prune_scans_slot_indexes_then_prunes_each_job_and_adds_up() -> None:
+    jobs = [slots_key(NS, "a"), slots_key(NS, "b")]
     execute = FakeExecute(jobs, [2, 0])
 
     assert drive(REDIS.run_prune(NS, 10, 3_600_000_000), execute) == 2
+    assert execute.statements[0] == KeyScan(_slots_pattern(NS))
     assert execute.statements[1] == fan_out(
         "run_prune", (slots_key(NS, "a"), slots_key(NS, "b")), (10, 3_600_000_000)
     )
