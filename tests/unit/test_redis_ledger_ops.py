@@ -21,8 +21,8 @@ from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.redis.operations import (
     RedisOperations,
     _jobs_pattern,
-    _slots_pattern,
     _namespace_pattern,
+    _slots_pattern,
     job_key,
     lease_key,
     run_key,
