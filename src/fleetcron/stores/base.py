@@ -41,14 +41,24 @@ from fleetcron.models import (
     RunRecord,
     SlotClaim,
 )
+from fleetcron.queue_models import (
+    CheckpointRecord,
+    QueueItem,
+    QueueNack,
+    QueuePut,
+    QueueStats,
+)
 from fleetcron.stores.statements import SqlResult, Statement
 
 __all__ = [
+    "QUEUE_PRUNE_LIMIT",
     "REPLICA_PRUNE_LIMIT",
     "AsyncStore",
     "Capability",
+    "CheckpointOperations",
     "Operation",
     "Operations",
+    "QueueOperations",
     "SqlResult",
     "Statement",
     "SyncStore",
@@ -105,8 +115,127 @@ async def drive_async(operation: Operation[T], execute: Callable[[Statement], Aw
         operation.close()
 
 
+QUEUE_PRUNE_LIMIT = 1000
+"""At most this many finished items are deleted by one ``queue_prune``."""
+
+
 @runtime_checkable
-class Operations(Protocol):
+class QueueOperations(Protocol):
+    """The work queue's operations (docs/design/queue.md). Each is one atomic step of the
+    store, whatever the number of items it names (one statement or function, one
+    transaction, one Lua script on the queue's hash tag, one step under a lock) — except
+    ``queue_stats`` and ``queue_prune`` of every queue of a namespace (``queue=None``),
+    which are atomic per queue. Times are the store's clock; answers are in input order.
+
+    An item is *held* while it is ``claimed`` and its ``available_us`` (the claim's
+    expiry) is later than the store's now; ``queue_extend``, ``queue_ack`` and
+    ``queue_nack`` act only on an item held under the given fence, and otherwise change
+    nothing and say so.
+    """
+
+    def queue_put(
+        self, namespace: str, queue: str, items: Sequence[QueuePut]
+    ) -> Operation[list[int | None]]:
+        """Add ``items`` as ``ready`` (``available_us = now + delay_us``, ``attempts`` 0,
+        ``fence`` 0, ``created_us = now``); each one's new id — ids increase in input
+        order and never repeat within the queue — or ``None`` for an item whose
+        ``dedupe_key`` an item of the queue already has (in any state, until pruned),
+        including one put earlier in the same call."""
+        ...
+
+    def queue_claim(
+        self, namespace: str, queue: str, holder: str, limit: int, visibility_us: int
+    ) -> Operation[list[QueueItem]]:
+        """Deliver up to ``limit`` claimable items (``ready`` or ``claimed``, with
+        ``available_us <= now``), oldest ``available_us`` first, then lowest id, skipping
+        items a concurrent claim has locked (claimers never wait on each other and never
+        get the same item). Each delivered item becomes ``claimed`` by ``holder``:
+        ``attempts + 1``, ``fence = max(fence + 1, now)``, ``available_us = now +
+        visibility_us``. An item whose claim expired with its deliveries used up
+        (``attempts >= max_attempts``) becomes ``dead`` instead (``finished_us = now``,
+        ``error`` "claim expired after N deliveries") and is not returned, so fewer than
+        ``limit`` items do not mean the queue is empty. Returns the delivered rows."""
+        ...
+
+    def queue_extend(
+        self,
+        namespace: str,
+        queue: str,
+        claims: Sequence[tuple[int, int]],
+        visibility_us: int,
+    ) -> Operation[list[int | None]]:
+        """For each ``(item_id, fence)`` held under that fence: ``available_us = now +
+        visibility_us``, answered; ``None`` for one not held (expired, acknowledged,
+        claimed again) — nothing changes for it."""
+        ...
+
+    def queue_ack(
+        self, namespace: str, queue: str, claims: Sequence[tuple[int, int]]
+    ) -> Operation[list[bool]]:
+        """For each ``(item_id, fence)`` held under that fence: ``done``, ``finished_us =
+        now``; ``False`` for one not held (a stale claim's ack is refused, changing
+        nothing)."""
+        ...
+
+    def queue_nack(
+        self, namespace: str, queue: str, nacks: Sequence[QueueNack]
+    ) -> Operation[list[str | None]]:
+        """Give back each held item with its ``error``: ``dead`` (``finished_us = now``)
+        when its deliveries are used up (``attempts >= max_attempts``), else ``ready``
+        again at ``now + retry_in_us``; answers the new state, or ``None`` for an item not
+        held under that fence (nothing changes for it)."""
+        ...
+
+    def queue_get(self, namespace: str, queue: str, item_id: int) -> Operation[QueueItem | None]:
+        """One item's row, or ``None``."""
+        ...
+
+    def queue_list(
+        self, namespace: str, queue: str, states: Sequence[str] | None, limit: int
+    ) -> Operation[list[QueueItem]]:
+        """Up to ``limit`` items of the queue in ``states`` (``None``: any), newest id
+        first."""
+        ...
+
+    def queue_stats(self, namespace: str, queue: str | None) -> Operation[list[QueueStats]]:
+        """How each queue of the namespace stands (only ``queue``, when given), by name;
+        a queue without items is not listed."""
+        ...
+
+    def queue_prune(
+        self, namespace: str, queue: str | None, older_than_us: int, limit: int
+    ) -> Operation[int]:
+        """Delete up to ``limit`` ``done`` and ``dead`` items finished at least
+        ``older_than_us`` before now (their dedupe keys become free), oldest finish first,
+        then lowest id (of every queue of the namespace when ``queue`` is ``None``); how
+        many."""
+        ...
+
+    def queue_requeue(self, namespace: str, queue: str, item_ids: Sequence[int]) -> Operation[int]:
+        """Put ``dead`` items back: ``ready`` at now, ``attempts`` 0, ``finished_us`` and
+        ``holder`` cleared (``error`` and ``fence`` kept); how many were dead."""
+        ...
+
+
+@runtime_checkable
+class CheckpointOperations(Protocol):
+    """High-water marks of jobs (``ctx.checkpoint``), fenced: a checkpoint moves only
+    under a fence at least as high as the one that last moved it, so a stale run cannot
+    move it back. Each operation is one atomic step and one round trip."""
+
+    def checkpoint_get(self, namespace: str, name: str) -> Operation[CheckpointRecord | None]:
+        """The checkpoint ``name``, or ``None`` when it was never set."""
+        ...
+
+    def checkpoint_set(self, namespace: str, name: str, fence: int, value: str) -> Operation[bool]:
+        """Set ``value`` (``fence`` and ``updated_us = now`` with it) when the checkpoint
+        is unset or its fence is at most ``fence``; ``False`` — nothing changed — when a
+        higher fence has set it."""
+        ...
+
+
+@runtime_checkable
+class Operations(QueueOperations, CheckpointOperations, Protocol):
     """Every operation of a store; each backend implements all of them. Each returns an
     :data:`Operation` to drive with the store's runner.
 

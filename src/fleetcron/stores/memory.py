@@ -41,6 +41,7 @@ from fleetcron.stores.ledger import (
     new_job,
     recorded_run,
 )
+from fleetcron.stores.memory_queue import MemoryQueue, QueueTables
 from fleetcron.stores.statements import Step
 
 __all__ = ["AsyncMemoryStore", "MemoryOperations", "MemoryStore"]
@@ -54,6 +55,7 @@ class _State:
     runs: dict[tuple[str, str, int], RunRecord] = field(default_factory=dict)
     jobs: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
     replicas: dict[tuple[str, str], ReplicaRecord] = field(default_factory=dict)
+    queues: QueueTables = field(default_factory=QueueTables)
 
 
 StepFunction = Callable[[_State, int], Any]
@@ -525,7 +527,7 @@ class _MemoryReplicas:
         return result
 
 
-class MemoryOperations(_MemoryLeases, _MemoryLedger, _MemoryReplicas):
+class MemoryOperations(_MemoryLeases, _MemoryLedger, _MemoryReplicas, MemoryQueue):
     """Every operation of the in-memory store."""
 
 

@@ -41,7 +41,19 @@ of the name ``fleetcron:replicas``; with ``R = fleetcron:{<len(ns)>:<ns>:fleetcr
   behind even if no other replica beats again; the index key gets at least the same.
 
 Neither ends with ``}`` nor matches the job-row pattern, so the lease and ledger SCANs never
-see them.
+see them. Nor do the work queue's keys (:mod:`.queue`), under the hash tag of the name
+``fleetcron:queue:<queue>``.
+
+Checkpoints (``ctx.checkpoint``, :mod:`.checkpoints`) are one hash each, under the hash tag
+of the name ``fleetcron:checkpoint:<name>``; with
+``C = fleetcron:{<len(ns)>:<ns>:fleetcron:checkpoint:<name>}``:
+
+- ``C:checkpoint`` — ``value`` (the text as set, byte for byte), ``fence``, ``updated``;
+  no TTL.
+
+It ends with ``}:checkpoint``: not with ``}`` (the lease SCAN's test), nor with ``}:job``,
+``}:slots`` or ``}:ids`` (the ledger and queue SCAN patterns), so no SCAN takes it for one
+of theirs.
 
 A batch of claims is one round trip (plus one ``SCRIPT LOAD`` after a script cache
 flush): a pipeline of ``EVALSHA`` calls of the claim script, each with its own keys and
@@ -78,6 +90,10 @@ from fleetcron.stores.base import (
     rows_to_runs,
 )
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.redis.checkpoints import RedisCheckpoints
+from fleetcron.stores.redis.keys import glob_escape as _glob_escape
+from fleetcron.stores.redis.keys import lease_key
+from fleetcron.stores.redis.queue import RedisQueue
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
 
 __all__ = [
@@ -89,15 +105,6 @@ __all__ = [
     "run_key",
     "slots_key",
 ]
-
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def lease_key(namespace: str, name: str) -> str:
-    """The hash-tagged key of a lease; the length prefix keeps ``ns``/``name`` unambiguous."""
-    return f"fleetcron:{{{len(namespace)}:{namespace}:{name}}}"
 
 
 def _namespace_pattern(namespace: str) -> str:
@@ -490,8 +497,9 @@ class _RedisReplicas:
         return bool(reply)
 
 
-class RedisOperations(_RedisLeases, _RedisLedger, _RedisReplicas):
-    """Every operation of the Redis store: leases, the run ledger and replica heartbeats."""
+class RedisOperations(_RedisLeases, _RedisLedger, _RedisReplicas, RedisQueue, RedisCheckpoints):
+    """Every operation of the Redis store: leases, the run ledger, replica heartbeats, the
+    work queue (:mod:`.queue`) and checkpoints (:mod:`.checkpoints`)."""
 
     def __init__(self, *, cluster: bool = False) -> None:
         self.cluster = cluster

@@ -6,6 +6,7 @@ and ``CLIENT_FOUND_ROWS`` so an UPDATE reports the rows it matched.
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,17 +23,32 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, SqlResult
+from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
-from fleetcron.stores.sql.runner import SqlSyncStore, store_error
+from fleetcron.stores.sql.queue import SqlQueue
+from fleetcron.stores.sql.runner import SqlSyncStore, retry_pause, store_error
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["MysqlOperations", "MysqlStore", "batch_text", "connect_args", "split_results"]
+__all__ = [
+    "RETRIES",
+    "MysqlOperations",
+    "MysqlStore",
+    "batch_text",
+    "connect_args",
+    "resendable",
+    "split_results",
+]
 
 _UNAVAILABLE_CODES = {2002, 2003, 2005, 2006, 2013, 2055, 1040, 1053}
 _NO_TABLE = 1146
 # Access denied (1044, 1045, 1698), unknown database (1049), command/column denied
 # (1142, 1143), missing privilege (1227), read-only server (1290, 1836).
 _REFUSED_CODES = {1044, 1045, 1049, 1142, 1143, 1227, 1290, 1698, 1836}
+# A deadlock (1213; 1467 when MariaDB found it while the victim waited for a table's
+# AUTO-INC lock, as concurrent queue puts can): InnoDB rolls the victim's transaction back.
+_DEADLOCK_CODES = {1213, 1467}
+RETRIES = 8
+"""Tries of a block that is one transaction, refused by a deadlock."""
 
 
 _QUERY_KEYS = ("unix_socket",)
@@ -95,9 +111,18 @@ def translate(exc: BaseException) -> FleetcronError | None:
     return store_error(StoreError, exc)
 
 
-class MysqlOperations(SqlOperations, SqlLedger):
-    """Lease and run-ledger operations of MySQL/MariaDB (``lease_acquire`` needs
-    ``lease_create`` for a name's first use)."""
+def resendable(exc: BaseException | None, sql: str) -> bool:
+    """Whether the block ``sql``, stopped by ``exc``, may be sent again: a deadlock of a
+    block that is one transaction (``START TRANSACTION`` first) changed nothing, its
+    transaction being rolled back. A block of several transactions is never sent again:
+    the ones before the failure stay committed."""
+    code = exc.args[0] if isinstance(exc, pymysql.err.MySQLError) and exc.args else None
+    return code in _DEADLOCK_CODES and sql.lstrip().upper().startswith("START TRANSACTION")
+
+
+class MysqlOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
+    """Lease, run-ledger, work-queue and checkpoint operations of MySQL/MariaDB
+    (``lease_acquire`` needs ``lease_create`` for a name's first use)."""
 
     def __init__(self) -> None:
         super().__init__(creates_rows=True)
@@ -137,7 +162,15 @@ class MysqlStore(SqlSyncStore):
 
     def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
         with conn.cursor() as cur:
-            sets, rowcount = _result_sets(conn, cur, cur.mogrify(sql, params or None))
+            text = cur.mogrify(sql, params or None)
+            for attempt in range(RETRIES):
+                try:
+                    sets, rowcount = _result_sets(conn, cur, text)
+                    break
+                except pymysql.err.MySQLError as exc:
+                    if attempt == RETRIES - 1 or not resendable(exc, sql):
+                        raise
+                    time.sleep(retry_pause(attempt))
         return SqlResult(rows=sets[-1].rows if sets else [], rowcount=rowcount)
 
     def _execute_batch(

@@ -9,17 +9,19 @@ from typing import Any
 import aiomysql
 import pymysql
 
-from fleetcron.errors import StoreUnavailable
+from fleetcron.errors import StoreError, StoreUnavailable
 from fleetcron.stores.base import Capability, SqlResult, connect_error
 from fleetcron.stores.sql.mysql import (
+    RETRIES,
     MysqlOperations,
     MysqlStore,
     batch_text,
     connect_args,
+    resendable,
     split_results,
     translate,
 )
-from fleetcron.stores.sql.runner import AsyncSqlStore, timed_out
+from fleetcron.stores.sql.runner import AsyncSqlStore, retry_pause, timed_out
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncMysqlStore"]
@@ -74,7 +76,19 @@ class AsyncMysqlStore(AsyncSqlStore):
 
     async def _results(self, sql: str, params: dict[str, object]) -> list[SqlResult]:
         """Run one text; every result set that has columns (with the rowcount of the last
-        DML before it), in order. ``_rowcount``: the last DML's."""
+        DML before it), in order. ``_rowcount``: the last DML's. A block that is one
+        transaction, refused by a deadlock, is sent again (:func:`resendable`)."""
+        attempt = 0
+        while True:
+            try:
+                return await self._results_once(sql, params)
+            except StoreError as error:
+                if attempt == RETRIES - 1 or not resendable(error.__cause__, sql):
+                    raise
+            await asyncio.sleep(retry_pause(attempt))
+            attempt += 1
+
+    async def _results_once(self, sql: str, params: dict[str, object]) -> list[SqlResult]:
         conn = await self._connection()
         results: list[SqlResult] = []
         rowcount = 0

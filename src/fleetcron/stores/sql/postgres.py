@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -26,8 +25,16 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, SqlResult, connect_error
+from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
-from fleetcron.stores.sql.runner import AsyncSqlStore, SqlSyncStore, store_error, timed_out
+from fleetcron.stores.sql.queue import SqlQueue
+from fleetcron.stores.sql.runner import (
+    AsyncSqlStore,
+    SqlSyncStore,
+    retry_pause,
+    store_error,
+    timed_out,
+)
 from fleetcron.stores.sql.watchdog import Deadline, deadline
 from fleetcron.stores.url import StoreURL
 
@@ -128,8 +135,8 @@ _COMMIT = "COMMIT"
 _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
 
 
-class PostgresOperations(SqlOperations, SqlLedger):
-    """Lease and run-ledger operations of PostgreSQL."""
+class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
+    """Lease, run-ledger, work-queue and checkpoint operations of PostgreSQL."""
 
 
 def _end_failed_transaction(conn: Any) -> None:
@@ -148,10 +155,6 @@ async def _end_failed_transaction_async(conn: psycopg.AsyncConnection[Any]) -> N
             await conn.execute("ROLLBACK")
     except psycopg.Error:
         pass
-
-
-def _retry_pause(attempt: int) -> float:
-    return 0.001 * (1 << attempt) * random.uniform(0.5, 1.0)
 
 
 class BackendPid(NamedTuple):
@@ -231,7 +234,7 @@ class PostgresStore(SqlSyncStore):
             except _RETRYABLE:
                 if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
                     raise
-                time.sleep(_retry_pause(attempt))
+                time.sleep(retry_pause(attempt))
         return _result(cur)
 
     def _execute_batch(
@@ -363,7 +366,7 @@ class AsyncPostgresStore(AsyncSqlStore):
                 except _RETRYABLE:
                     if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
                         raise
-                    await asyncio.sleep(_retry_pause(attempt))
+                    await asyncio.sleep(retry_pause(attempt))
             rows = await cur.fetchall() if cur.description is not None else []
             return SqlResult(rows=list(rows), rowcount=cur.rowcount)
 

@@ -12,6 +12,7 @@ second migration path.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ from fleetcron.stores.sql.files import Migration, load_migrations, load_queries
 from fleetcron.stores.statements import Query, QueryBatch
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["AsyncSqlStore", "SqlSyncStore", "store_error", "timed_out"]
+__all__ = ["AsyncSqlStore", "SqlSyncStore", "retry_pause", "store_error", "timed_out"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -197,6 +198,13 @@ def timed_out(url: StoreURL) -> StoreUnavailable:
     return StoreUnavailable(
         f"{url.redacted} did not answer within {url.timeout_s:g} s (the backend URL's timeout)"
     )
+
+
+def retry_pause(attempt: int) -> float:
+    """How long to wait before sending again, for the ``attempt``-th time (from 0), what
+    the server refused for a conflict with a concurrent transaction: doubling, jittered, so
+    the transactions that collided do not collide again."""
+    return 0.001 * (1 << attempt) * random.uniform(0.5, 1.0)
 
 
 def store_error(kind: type[StoreError], exc: BaseException, prefix: str = "") -> StoreError:

@@ -1,11 +1,14 @@
-"""SQLite's operations: the shared SQL lease statements, and the run ledger applied in
-Python (stores/ledger.py) to rows read and written inside one ``BEGIN IMMEDIATE``
-transaction — SQLite is in-process, so several statements cost no round trips."""
+"""SQLite's operations: the shared SQL lease statements, work queue and checkpoints, and
+the run ledger applied in Python (stores/ledger.py) to rows read and written inside one
+``BEGIN IMMEDIATE`` transaction — SQLite is in-process, so several statements cost no
+round trips."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 from fleetcron.models import (
     REPLICA_RETAIN_US,
@@ -35,18 +38,20 @@ from fleetcron.stores.ledger import (
     new_job,
     recorded_run,
 )
+from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import (
     SqlLedger,
     SqlOperations,
     prune_job_params,
     replica_params,
 )
+from fleetcron.stores.sql.queue import SqlQueue
 from fleetcron.stores.statements import Query
 
 __all__ = ["SqliteOperations"]
 
 
-class SqliteOperations(SqlOperations, SqlLedger):
+class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
     """Every operation of the SQLite store. The store runs each one in one transaction."""
 
     # -- reading and writing rows (inside the operation's transaction) ---------------
@@ -270,3 +275,23 @@ class SqliteOperations(SqlOperations, SqlLedger):
         result: SqlResult = yield Query("replica_put", params)
         (record,) = rows_to_replicas(namespace, result.rows)
         return record
+
+    # -- the work queue ----------------------------------------------------------------------
+    def _claim_rows(self, params: dict[str, object]) -> Operation[list[Sequence[Any]]]:
+        """A claim in three statements of the operation's transaction, at the clock the
+        first one read: SQLite's RETURNING gives the new values only, in no set order, so
+        the claim order (the old available_us) is taken from the pick."""
+        picked: SqlResult = yield Query("queue_claim_pick", params)
+        if not picked.rows:
+            return []
+        now = int(picked.rows[0][2])
+        dying = [int(row[0]) for row in picked.rows if row[1]]
+        order = {int(row[0]): index for index, row in enumerate(picked.rows) if not row[1]}
+        if dying:
+            yield Query("queue_claim_kill", {**params, "ids": json.dumps(dying), "now": now})
+        if not order:
+            return []
+        result: SqlResult = yield Query(
+            "queue_claim", {**params, "ids": json.dumps(list(order)), "now": now}
+        )
+        return sorted(result.rows, key=lambda row: order[int(row[0])])

@@ -569,3 +569,292 @@ SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_
 -- name: replica_leave
 DELETE FROM fleetcron_replica
  WHERE namespace = %(namespace)s AND replica_id = %(replica_id)s;
+
+-- ---------------------------------------------------------------------------------------
+-- The work queue (docs/design/queue.md). Each operation is one statement, or one
+-- multi-statement transaction in one round trip, at one reading of the clock (@fc_now).
+-- Item rows are (id, dedupe_key, payload, state, attempts, max_attempts, fence, holder,
+-- available_us, created_us, finished_us, error, now_us). Batches come as one JSON array,
+-- unpacked server-side by JSON_TABLE; the operation has already dropped the repeats of an
+-- item within a batch. An item is held while it is claimed and its claim (available_us)
+-- has not expired. Rows named by id (a JSON array) are joined with STRAIGHT_JOIN, the array
+-- first: each row is found by its primary key, so a locking read or an UPDATE touches
+-- the rows it names and waits for no other; the operation sends ids in ascending order,
+-- so two batches lock their common rows in one order and never deadlock.
+-- There is no UPDATE … RETURNING: a block first locks the rows it will change and keeps
+-- their ids in a variable (SELECT … INTO, NULL when none), changes them, and answers from
+-- that list. JSON_ARRAYAGG has no order; the answers do not need one (except the claim's,
+-- which carries its own sort key).
+
+-- name: queue_put
+-- Items are [payload, dedupe_key, delay_us, max_attempts]. @fc_taken: the items whose
+-- dedupe key the queue has, found by a plain SELECT, a consistent read that locks nothing
+-- (an INSERT … SELECT reading the table would lock the rows and gaps it reads on MariaDB,
+-- even under READ COMMITTED). The others are inserted in input order, so AUTO_INCREMENT
+-- gives increasing ids in that order; one whose key a concurrent call put meanwhile meets
+-- the unique key, and ON DUPLICATE KEY waits for that call and changes nothing (never
+-- INSERT IGNORE, which would also hide truncation). NOT IN (not a join) lets the server
+-- look the taken items up in a materialized set instead of scanning it for every item.
+-- With no INSERT … RETURNING, this call's rows are told apart by `token` (random, unique
+-- to the call), written into holder for the duration of the transaction only: nobody else
+-- sees an uncommitted row, and ids above @fc_last (the highest committed before the
+-- insert) bound the search to the newest rows. Returns (id, dedupe_key) of each new item.
+-- The items are sent once, into @fc_items (cleared at the end): they may be megabytes.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)),
+    @fc_last = (SELECT COALESCE(MAX(id), 0) FROM fleetcron_queue_item),
+    @fc_items = %(items)s;
+SELECT JSON_ARRAYAGG(k.ord) INTO @fc_taken
+  FROM JSON_TABLE(@fc_items, '$[*]' COLUMNS (
+           ord FOR ORDINALITY,
+           dedupe_key VARCHAR(800) CHARACTER SET utf8mb4 PATH '$[1]' ERROR ON ERROR)) AS k
+  JOIN fleetcron_queue_item AS d
+    ON d.namespace = %(namespace)s AND d.queue = %(queue)s
+   AND d.dedupe_key = CAST(k.dedupe_key AS BINARY);
+INSERT INTO fleetcron_queue_item
+    (namespace, queue, dedupe_key, payload, state, attempts, max_attempts, fence, holder,
+     available_us, created_us)
+SELECT %(namespace)s, %(queue)s, CAST(k.dedupe_key AS BINARY), k.payload, 'ready', 0,
+       k.max_attempts, 0, %(token)s, @fc_now + k.delay_us, @fc_now
+  FROM JSON_TABLE(@fc_items, '$[*]' COLUMNS (
+           ord FOR ORDINALITY,
+           payload LONGTEXT CHARACTER SET utf8mb4 PATH '$[0]' ERROR ON ERROR,
+           dedupe_key VARCHAR(800) CHARACTER SET utf8mb4 PATH '$[1]' ERROR ON ERROR,
+           delay_us BIGINT PATH '$[2]' ERROR ON ERROR,
+           max_attempts INT PATH '$[3]' ERROR ON ERROR)) AS k
+ WHERE k.ord NOT IN (SELECT t.ord FROM JSON_TABLE(COALESCE(@fc_taken, '[]'), '$[*]'
+                                                  COLUMNS (ord INT PATH '$')) AS t)
+ ORDER BY k.ord
+ON DUPLICATE KEY UPDATE id = fleetcron_queue_item.id;
+SELECT JSON_ARRAYAGG(id) INTO @fc_put FROM fleetcron_queue_item
+ WHERE id > @fc_last AND holder = %(token)s;
+UPDATE JSON_TABLE(COALESCE(@fc_put, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS p
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = p.id
+   SET i.holder = NULL;
+SELECT i.id, i.dedupe_key
+  FROM JSON_TABLE(COALESCE(@fc_put, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS p
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = p.id;
+COMMIT;
+SET @fc_items = NULL;
+
+-- name: queue_claim
+-- Picks up to `limit` claimable items, oldest available_us first, then lowest id (the
+-- claim index in order: claimable_us is available_us while ready or claimed), locking
+-- them and skipping rows another claim has locked, so claimers never wait on each other
+-- and never share an item. FORCE INDEX: left to itself the optimizer reads the index from
+-- the start of the queue (through every finished item, NULL there) rather than the range
+-- of claimable ones, and another index would have it sort, locking every claimable row.
+-- @fc_picked: [id, available_us before the claim] of each. Each
+-- picked item whose expired claim used up its deliveries dies; the others are delivered
+-- (two UPDATEs: MySQL may evaluate a multi-table UPDATE's assignments in any order, so
+-- none reads a column another one sets). Returns the delivered rows in claim order, read
+-- before COMMIT, while they are still this transaction's.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SELECT JSON_ARRAYAGG(JSON_ARRAY(p.id, p.was)) INTO @fc_picked
+  FROM (SELECT id, available_us AS was
+          FROM fleetcron_queue_item FORCE INDEX (fleetcron_queue_item_claim)
+         WHERE namespace = %(namespace)s AND queue = %(queue)s AND claimable_us <= @fc_now
+         ORDER BY claimable_us, id
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED) AS p;
+UPDATE JSON_TABLE(COALESCE(@fc_picked, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS p
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = p.id
+   SET i.state = 'dead', i.finished_us = @fc_now,
+       i.error = CONCAT(%(expired_head)s, i.attempts, %(expired_tail)s)
+ WHERE i.state = 'claimed' AND i.attempts >= i.max_attempts;
+UPDATE JSON_TABLE(COALESCE(@fc_picked, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS p
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = p.id
+   SET i.state = 'claimed', i.attempts = i.attempts + 1,
+       i.fence = GREATEST(i.fence + 1, @fc_now), i.holder = %(holder)s,
+       i.available_us = @fc_now + %(visibility_us)s
+ WHERE i.state <> 'dead';
+SELECT i.id, i.dedupe_key, i.payload, i.state, i.attempts, i.max_attempts, i.fence,
+       i.holder, i.available_us, i.created_us, i.finished_us, i.error, @fc_now
+  FROM JSON_TABLE(COALESCE(@fc_picked, '[]'), '$[*]' COLUMNS (
+           id BIGINT PATH '$[0]', was BIGINT PATH '$[1]')) AS p
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = p.id
+ WHERE i.state = 'claimed'
+ ORDER BY p.was, p.id;
+COMMIT;
+
+-- name: queue_extend
+-- Claims are [item_id, fence]. The held ones are locked (waiting for a claim that is
+-- taking one, then judged as it left it), then extended: the UPDATE's condition is the
+-- lock's, on rows nobody else can change meanwhile. Returns (id, fence) of each.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SELECT STRAIGHT_JOIN JSON_ARRAYAGG(JSON_ARRAY(i.id, i.fence)) INTO @fc_held
+  FROM JSON_TABLE(%(claims)s, '$[*]' COLUMNS (
+           id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]')) AS c
+  JOIN fleetcron_queue_item AS i ON i.id = c.id
+ WHERE i.fence = c.fence AND i.namespace = %(namespace)s AND i.queue = %(queue)s
+   AND i.state = 'claimed' AND i.available_us > @fc_now
+   FOR UPDATE;
+UPDATE JSON_TABLE(COALESCE(@fc_held, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS h
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = h.id
+   SET i.available_us = @fc_now + %(visibility_us)s;
+COMMIT;
+SELECT h.id, h.fence, @fc_now + %(visibility_us)s
+  FROM JSON_TABLE(COALESCE(@fc_held, '[]'), '$[*]' COLUMNS (
+           id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]')) AS h;
+
+-- name: queue_ack
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SELECT STRAIGHT_JOIN JSON_ARRAYAGG(JSON_ARRAY(i.id, i.fence)) INTO @fc_held
+  FROM JSON_TABLE(%(claims)s, '$[*]' COLUMNS (
+           id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]')) AS c
+  JOIN fleetcron_queue_item AS i ON i.id = c.id
+ WHERE i.fence = c.fence AND i.namespace = %(namespace)s AND i.queue = %(queue)s
+   AND i.state = 'claimed' AND i.available_us > @fc_now
+   FOR UPDATE;
+UPDATE JSON_TABLE(COALESCE(@fc_held, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS h
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = h.id
+   SET i.state = 'done', i.finished_us = @fc_now;
+COMMIT;
+SELECT h.id, h.fence
+  FROM JSON_TABLE(COALESCE(@fc_held, '[]'), '$[*]' COLUMNS (
+           id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]')) AS h;
+
+-- name: queue_nack
+-- Nacks are [item_id, fence, error, retry_in_us]. The held ones are locked, with the
+-- state each is given back in: dead when its deliveries are used up (holder and claim
+-- expiry kept), else ready after its backoff, without holder. The UPDATE's condition is
+-- the lock's, on rows nobody else can change meanwhile; every assignment reads only its
+-- own column and ones no assignment sets. Returns (id, fence, state) of each.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SELECT STRAIGHT_JOIN
+       JSON_ARRAYAGG(JSON_ARRAY(i.id, i.fence,
+                                IF(i.attempts >= i.max_attempts, 'dead', 'ready')))
+  INTO @fc_held
+  FROM JSON_TABLE(%(nacks)s, '$[*]' COLUMNS (
+           id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]')) AS n
+  JOIN fleetcron_queue_item AS i ON i.id = n.id
+ WHERE i.fence = n.fence AND i.namespace = %(namespace)s AND i.queue = %(queue)s
+   AND i.state = 'claimed' AND i.available_us > @fc_now
+   FOR UPDATE;
+UPDATE JSON_TABLE(%(nacks)s, '$[*]' COLUMNS (
+           id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]',
+           error LONGTEXT CHARACTER SET utf8mb4 PATH '$[2]' ERROR ON ERROR,
+           retry_in_us BIGINT PATH '$[3]' ERROR ON ERROR)) AS n
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = n.id
+   SET i.state = IF(i.attempts >= i.max_attempts, 'dead', 'ready'),
+       i.finished_us = IF(i.attempts >= i.max_attempts, @fc_now, i.finished_us),
+       i.holder = IF(i.attempts >= i.max_attempts, i.holder, NULL),
+       i.available_us = IF(i.attempts >= i.max_attempts, i.available_us,
+                           @fc_now + n.retry_in_us),
+       i.error = n.error
+ WHERE i.fence = n.fence AND i.namespace = %(namespace)s AND i.queue = %(queue)s
+   AND i.state = 'claimed' AND i.available_us > @fc_now;
+COMMIT;
+SELECT h.id, h.fence, h.state
+  FROM JSON_TABLE(COALESCE(@fc_held, '[]'), '$[*]' COLUMNS (
+           id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]',
+           state VARCHAR(16) CHARACTER SET ascii PATH '$[2]')) AS h;
+
+-- name: queue_get
+SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
+       created_us, finished_us, error,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_queue_item
+ WHERE namespace = %(namespace)s AND queue = %(queue)s AND id = %(item_id)s;
+
+-- name: queue_list
+-- states: a JSON array of states, or NULL for any.
+SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
+       created_us, finished_us, error,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_queue_item
+ WHERE namespace = %(namespace)s AND queue = %(queue)s
+   AND (%(states)s IS NULL
+        OR state IN (SELECT s.state
+                       FROM JSON_TABLE(%(states)s, '$[*]' COLUMNS (
+                                state VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin
+                                      PATH '$')) AS s))
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: queue_stats
+-- Per queue of the namespace (only `queue` when not NULL), by name: (queue, ready
+-- (claimable now), scheduled, claimed (held), done, dead, oldest_us, now_us).
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SELECT queue,
+       SUM(state IN ('ready', 'claimed') AND available_us <= @fc_now),
+       SUM(state = 'ready' AND available_us > @fc_now),
+       SUM(state = 'claimed' AND available_us > @fc_now),
+       SUM(state = 'done'),
+       SUM(state = 'dead'),
+       MIN(IF(state IN ('ready', 'claimed') AND available_us <= @fc_now, available_us, NULL)),
+       @fc_now
+  FROM fleetcron_queue_item
+ WHERE namespace = %(namespace)s AND (%(queue)s IS NULL OR queue = %(queue)s)
+ GROUP BY queue
+ ORDER BY queue;
+
+-- name: queue_prune
+-- Up to `limit` finished items of the namespace (of one queue when `queue` is not NULL),
+-- oldest finish first: picked by a plain SELECT walking the finished index in order (a
+-- DELETE … ORDER BY … LIMIT would sort every finished item first; FORCE INDEX for the
+-- claim's reason), then deleted by id, the DELETE checking the state again so that an
+-- item requeued meanwhile stays.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+SELECT JSON_ARRAYAGG(d.id) INTO @fc_doomed
+  FROM (SELECT id FROM fleetcron_queue_item FORCE INDEX (fleetcron_queue_item_finished)
+         WHERE namespace = %(namespace)s AND (%(queue)s IS NULL OR queue = %(queue)s)
+           AND state IN ('done', 'dead') AND finished_us <= @fc_now - %(older_than_us)s
+         ORDER BY finished_us, id
+         LIMIT %(limit)s) AS d;
+DELETE i FROM JSON_TABLE(COALESCE(@fc_doomed, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$')) AS d
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = d.id
+ WHERE i.state IN ('done', 'dead');
+SET @fc_pruned = ROW_COUNT();
+COMMIT;
+SELECT @fc_pruned;
+
+-- name: queue_requeue
+-- ids: a JSON array of item ids; the dead ones are ready again at now, with their
+-- deliveries back (error and fence kept). The matched count says how many.
+UPDATE JSON_TABLE(%(ids)s, '$[*]' COLUMNS (id BIGINT PATH '$')) AS r
+       STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = r.id
+   SET i.state = 'ready', i.attempts = 0, i.holder = NULL,
+       i.available_us = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)),
+       i.finished_us = NULL
+ WHERE i.namespace = %(namespace)s AND i.queue = %(queue)s AND i.state = 'dead';
+
+-- ---------------------------------------------------------------------------------------
+-- Checkpoints (ctx.checkpoint): a job's high-water mark, moved only under a fence at least
+-- the one that last moved it.
+
+-- name: checkpoint_get
+-- (value, fence, updated_us, now_us), or no row when the checkpoint was never set.
+SELECT value, fence, updated_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_checkpoint
+ WHERE namespace = %(namespace)s AND name = %(name)s;
+
+-- name: checkpoint_set
+-- One transaction at one clock reading: a conditional upsert, then the row read back under
+-- the lock the upsert took (a concurrent set waits for COMMIT). An existing row keeps its
+-- columns unless its fence is at most the given one. fence is assigned last: MySQL
+-- assigns left to right, each assignment reading the ones before it, so the conditions
+-- on value and updated_us plainly read the stored fence. The answer is the row's fence
+-- being the given one: a refused set leaves a higher fence, a set writes the given one.
+-- The upsert's count cannot tell: under CLIENT_FOUND_ROWS an insert and an update that
+-- changes nothing (a refused set) both count 1. The value is sent once, into @fc_value
+-- (cleared at the end): it may be 64 KiB.
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)),
+    @fc_value = %(value)s;
+INSERT INTO fleetcron_checkpoint (namespace, name, value, fence, updated_us)
+VALUES (%(namespace)s, %(name)s, @fc_value, %(fence)s, @fc_now)
+ON DUPLICATE KEY UPDATE
+   value = IF(fence <= %(fence)s, @fc_value, value),
+   updated_us = IF(fence <= %(fence)s, @fc_now, updated_us),
+   fence = GREATEST(fence, %(fence)s);
+SELECT fence = %(fence)s
+  FROM fleetcron_checkpoint
+ WHERE namespace = %(namespace)s AND name = %(name)s;
+COMMIT;
+SET @fc_value = NULL;

@@ -399,3 +399,221 @@ SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_
 -- name: replica_leave
 DELETE FROM fleetcron_replica
  WHERE namespace = %(namespace)s AND replica_id = %(replica_id)s;
+
+-- ---------------------------------------------------------------------------------------
+-- The work queue (docs/design/queue.md), one statement per operation, at one reading of
+-- clock_timestamp() (the `now` CTE, evaluated once). Item rows are (id, dedupe_key,
+-- payload, state, attempts, max_attempts, fence, holder, available_us, created_us,
+-- finished_us, error, now_us). Batches come as one JSON array, unpacked server-side; the
+-- operation has already dropped the repeats of an item within a batch. An item is held
+-- while it is claimed and its claim (available_us) has not expired.
+
+-- name: queue_put
+-- Items are [payload, dedupe_key, delay_us, max_attempts]. Each item gets a new id from
+-- the identity's sequence, paired by rank (the smallest to the first item), so ids
+-- increase in input order whatever order the rows go in. They go in by dedupe key: an item
+-- whose key the queue has is skipped, and one whose key a concurrent call is putting waits
+-- for that call, so every call waits for keys in one order and two never deadlock.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+k AS (SELECT e.item, e.ord
+        FROM jsonb_array_elements(%(items)s::jsonb) WITH ORDINALITY AS e(item, ord)),
+ids AS (
+    SELECT row_number() OVER (ORDER BY s.id) AS ord, s.id
+      FROM (SELECT nextval(seq.name) AS id
+              FROM k, (SELECT pg_get_serial_sequence('fleetcron_queue_item', 'id') AS name)
+                      AS seq) AS s
+)
+INSERT INTO fleetcron_queue_item
+    (id, namespace, queue, dedupe_key, payload, state, attempts, max_attempts, fence,
+     holder, available_us, created_us)
+OVERRIDING SYSTEM VALUE
+SELECT ids.id, %(namespace)s, %(queue)s, k.item->>1, k.item->>0, 'ready', 0,
+       (k.item->>3)::integer, 0, NULL, now.us + (k.item->>2)::bigint, now.us
+  FROM k JOIN ids ON ids.ord = k.ord CROSS JOIN now
+ ORDER BY (k.item->>1) COLLATE "C", k.ord
+ON CONFLICT (namespace, queue, dedupe_key) DO NOTHING
+RETURNING id, dedupe_key;
+
+-- name: queue_claim
+-- picked: up to `limit` claimable items, oldest available_us first, then lowest id,
+-- locked; rows another claim has locked are skipped, so claimers never wait on each other
+-- and never share an item. Each picked item whose expired claim used up its deliveries
+-- dies; the others are delivered. Returns the delivered rows in claim order.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+picked AS (
+    SELECT i.id, i.available_us AS was,
+           i.state = 'claimed' AND i.attempts >= i.max_attempts AS dies
+      FROM fleetcron_queue_item AS i
+     WHERE i.namespace = %(namespace)s AND i.queue = %(queue)s
+       AND i.state IN ('ready', 'claimed')
+       AND i.available_us <= (SELECT us FROM now)
+     ORDER BY i.available_us, i.id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+killed AS (
+    UPDATE fleetcron_queue_item AS i
+       SET state = 'dead', finished_us = now.us,
+           error = %(expired_head)s || i.attempts || %(expired_tail)s
+      FROM picked, now
+     WHERE i.id = picked.id AND picked.dies
+),
+delivered AS (
+    UPDATE fleetcron_queue_item AS i
+       SET state = 'claimed', attempts = i.attempts + 1,
+           fence = greatest(i.fence + 1, now.us), holder = %(holder)s,
+           available_us = now.us + %(visibility_us)s
+      FROM picked, now
+     WHERE i.id = picked.id AND NOT picked.dies
+    RETURNING picked.was, i.id, i.dedupe_key, i.payload, i.state, i.attempts,
+              i.max_attempts, i.fence, i.holder, i.available_us, i.created_us,
+              i.finished_us, i.error, now.us
+)
+SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
+       created_us, finished_us, error, us
+  FROM delivered
+ ORDER BY was, id;
+
+-- name: queue_extend
+-- Claims are [item_id, fence]; returns (id, fence) of each held item extended. A row a
+-- concurrent claim is taking is waited for and checked again as it is then.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+c AS (SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS fence
+        FROM jsonb_array_elements(%(claims)s::jsonb) AS e)
+UPDATE fleetcron_queue_item AS i
+   SET available_us = now.us + %(visibility_us)s
+  FROM c, now
+ WHERE i.id = c.id AND i.fence = c.fence
+   AND i.namespace = %(namespace)s AND i.queue = %(queue)s
+   AND i.state = 'claimed' AND i.available_us > now.us
+RETURNING i.id, i.fence, i.available_us;
+
+-- name: queue_ack
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+c AS (SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS fence
+        FROM jsonb_array_elements(%(claims)s::jsonb) AS e)
+UPDATE fleetcron_queue_item AS i
+   SET state = 'done', finished_us = now.us
+  FROM c, now
+ WHERE i.id = c.id AND i.fence = c.fence
+   AND i.namespace = %(namespace)s AND i.queue = %(queue)s
+   AND i.state = 'claimed' AND i.available_us > now.us
+RETURNING i.id, i.fence;
+
+-- name: queue_nack
+-- Nacks are [item_id, fence, error, retry_in_us]: a held item with no delivery left dies
+-- (holder and claim expiry kept), another is ready again after its backoff, without holder.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+n AS (SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS fence, e->>2 AS error,
+             (e->>3)::bigint AS retry_in_us
+        FROM jsonb_array_elements(%(nacks)s::jsonb) AS e)
+UPDATE fleetcron_queue_item AS i
+   SET state = CASE WHEN i.attempts >= i.max_attempts THEN 'dead' ELSE 'ready' END,
+       finished_us = CASE WHEN i.attempts >= i.max_attempts THEN now.us END,
+       holder = CASE WHEN i.attempts >= i.max_attempts THEN i.holder END,
+       available_us = CASE WHEN i.attempts >= i.max_attempts THEN i.available_us
+                           ELSE now.us + n.retry_in_us END,
+       error = n.error
+  FROM n, now
+ WHERE i.id = n.id AND i.fence = n.fence
+   AND i.namespace = %(namespace)s AND i.queue = %(queue)s
+   AND i.state = 'claimed' AND i.available_us > now.us
+RETURNING i.id, i.fence, i.state;
+
+-- name: queue_get
+SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
+       created_us, finished_us, error,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_queue_item
+ WHERE namespace = %(namespace)s AND queue = %(queue)s AND id = %(item_id)s;
+
+-- name: queue_list
+-- states: a JSON array of states, or NULL for any.
+SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
+       created_us, finished_us, error,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_queue_item
+ WHERE namespace = %(namespace)s AND queue = %(queue)s
+   AND (%(states)s::jsonb IS NULL
+        OR state IN (SELECT jsonb_array_elements_text(%(states)s::jsonb)))
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: queue_stats
+-- Per queue of the namespace (only `queue` when not NULL), by name: (queue, ready
+-- (claimable now), scheduled, claimed (held), done, dead, oldest_us, now_us).
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
+SELECT i.queue,
+       count(*) FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.us),
+       count(*) FILTER (WHERE i.state = 'ready' AND i.available_us > now.us),
+       count(*) FILTER (WHERE i.state = 'claimed' AND i.available_us > now.us),
+       count(*) FILTER (WHERE i.state = 'done'),
+       count(*) FILTER (WHERE i.state = 'dead'),
+       min(i.available_us)
+           FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.us),
+       now.us
+  FROM fleetcron_queue_item AS i, now
+ WHERE i.namespace = %(namespace)s AND (%(queue)s::text IS NULL OR i.queue = %(queue)s)
+ GROUP BY i.queue, now.us
+ ORDER BY i.queue COLLATE "C";
+
+-- name: queue_prune
+-- Up to `limit` finished items of the namespace (of one queue when `queue` is not NULL),
+-- oldest finish first; the DELETE checks the state again, so an item requeued meanwhile
+-- stays.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+doomed AS (
+    SELECT i.id
+      FROM fleetcron_queue_item AS i
+     WHERE i.namespace = %(namespace)s AND (%(queue)s::text IS NULL OR i.queue = %(queue)s)
+       AND i.state IN ('done', 'dead')
+       AND i.finished_us <= (SELECT us FROM now) - %(older_than_us)s
+     ORDER BY i.finished_us, i.id
+     LIMIT %(limit)s
+),
+deleted AS (
+    DELETE FROM fleetcron_queue_item AS i USING doomed
+     WHERE i.id = doomed.id AND i.state IN ('done', 'dead')
+    RETURNING 1
+)
+SELECT count(*) FROM deleted;
+
+-- name: queue_requeue
+-- ids: a JSON array of item ids; the dead ones are ready again at now, with their
+-- deliveries back (error and fence kept). Returns how many.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+requeued AS (
+    UPDATE fleetcron_queue_item AS i
+       SET state = 'ready', attempts = 0, holder = NULL, available_us = now.us,
+           finished_us = NULL
+      FROM now
+     WHERE i.namespace = %(namespace)s AND i.queue = %(queue)s AND i.state = 'dead'
+       AND i.id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb)::bigint)
+    RETURNING 1
+)
+SELECT count(*) FROM requeued;
+
+-- ---------------------------------------------------------------------------------------
+-- Checkpoints (ctx.checkpoint): a job's high-water mark, moved only under a fence at least
+-- the one that last moved it. Each operation is one statement at one reading of
+-- clock_timestamp().
+
+-- name: checkpoint_get
+-- (value, fence, updated_us, now_us), or no row when the checkpoint was never set.
+SELECT value, fence, updated_us, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_checkpoint
+ WHERE namespace = %(namespace)s AND name = %(name)s;
+
+-- name: checkpoint_set
+-- A conditional upsert: a new row goes in; an existing one is overwritten only when its
+-- fence is at most the given one. A row refused by the WHERE is still locked and not
+-- returned, so a row back means set and none means a higher fence has it. A concurrent
+-- set of a new name waits on the key's insertion and is then judged against that row.
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
+INSERT INTO fleetcron_checkpoint AS c (namespace, name, value, fence, updated_us)
+SELECT %(namespace)s, %(name)s, %(value)s, %(fence)s, now.us
+  FROM now
+ON CONFLICT (namespace, name) DO UPDATE
+   SET value = excluded.value, fence = excluded.fence, updated_us = excluded.updated_us
+ WHERE c.fence <= excluded.fence
+RETURNING true;

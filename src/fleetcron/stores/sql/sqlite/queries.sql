@@ -331,3 +331,184 @@ SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_
 DELETE FROM fleetcron_replica
  WHERE namespace = :namespace AND replica_id = :replica_id
 RETURNING 1;
+
+-- The work queue (docs/design/queue.md). Every operation runs in one BEGIN IMMEDIATE
+-- transaction, which no other writer interleaves with; a statement reads the clock once
+-- (the `now` CTE), and a claim, being two statements, passes the first one's reading to
+-- the second (:now). Item rows are (id, dedupe_key, payload, state, attempts,
+-- max_attempts, fence, holder, available_us, created_us, finished_us, error, now_us).
+-- Batches come as one JSON array, unpacked by json_each; the operation has already dropped
+-- the repeats of an item within a batch. An item is held while it is claimed and its
+-- claim (available_us) has not expired.
+
+-- name: queue_put
+-- Items are [payload, dedupe_key, delay_us, max_attempts], inserted in input order
+-- (increasing ids in that order); one whose dedupe key the queue has is skipped. The
+-- WHERE true keeps ON CONFLICT from being read as a join's ON.
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+INSERT INTO fleetcron_queue_item
+    (namespace, queue, dedupe_key, payload, state, attempts, max_attempts, fence, holder,
+     available_us, created_us)
+SELECT :namespace, :queue, json_extract(k.value, '$[1]'), json_extract(k.value, '$[0]'),
+       'ready', 0, json_extract(k.value, '$[3]'), 0, NULL,
+       now.t + json_extract(k.value, '$[2]'), now.t
+  FROM json_each(:items) AS k, now
+ WHERE true
+ ORDER BY k.key
+ON CONFLICT (namespace, queue, dedupe_key) DO NOTHING
+RETURNING id, dedupe_key;
+
+-- name: queue_claim_pick
+-- Up to :limit claimable items in claim order (oldest available_us first, then lowest id):
+-- (id, whether its expired claim used up its deliveries, the clock).
+SELECT i.id, i.state = 'claimed' AND i.attempts >= i.max_attempts, now.t
+  FROM fleetcron_queue_item AS i,
+       (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+               AS t) AS now
+ WHERE i.namespace = :namespace AND i.queue = :queue
+   AND i.state IN ('ready', 'claimed') AND i.available_us <= now.t
+ ORDER BY i.available_us, i.id
+ LIMIT :limit;
+
+-- name: queue_claim_kill
+-- The picked items whose expired claim used up their deliveries (:ids) die.
+UPDATE fleetcron_queue_item
+   SET state = 'dead', finished_us = :now, error = :expired_head || attempts || :expired_tail
+ WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: queue_claim
+-- The other picked items (:ids) are delivered to :holder.
+UPDATE fleetcron_queue_item
+   SET state = 'claimed', attempts = attempts + 1, fence = max(fence + 1, :now),
+       holder = :holder, available_us = :now + :visibility_us
+ WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING id, dedupe_key, payload, state, attempts, max_attempts, fence, holder,
+          available_us, created_us, finished_us, error, :now;
+
+-- name: queue_extend
+-- Claims are [item_id, fence]; returns (id, fence, available_us) of each held item.
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+UPDATE fleetcron_queue_item AS i
+   SET available_us = (SELECT t FROM now) + :visibility_us
+  FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence
+          FROM json_each(:claims)) AS c
+ WHERE i.id = c.id AND i.fence = c.fence
+   AND i.namespace = :namespace AND i.queue = :queue
+   AND i.state = 'claimed' AND i.available_us > (SELECT t FROM now)
+RETURNING id, fence, available_us;
+
+-- name: queue_ack
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+UPDATE fleetcron_queue_item AS i
+   SET state = 'done', finished_us = (SELECT t FROM now)
+  FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence
+          FROM json_each(:claims)) AS c
+ WHERE i.id = c.id AND i.fence = c.fence
+   AND i.namespace = :namespace AND i.queue = :queue
+   AND i.state = 'claimed' AND i.available_us > (SELECT t FROM now)
+RETURNING id, fence;
+
+-- name: queue_nack
+-- Nacks are [item_id, fence, error, retry_in_us]: a held item with no delivery left dies
+-- (holder and claim expiry kept), another is ready again after its backoff, without holder.
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+UPDATE fleetcron_queue_item AS i
+   SET state = CASE WHEN i.attempts >= i.max_attempts THEN 'dead' ELSE 'ready' END,
+       finished_us = CASE WHEN i.attempts >= i.max_attempts THEN (SELECT t FROM now) END,
+       holder = CASE WHEN i.attempts >= i.max_attempts THEN i.holder END,
+       available_us = CASE WHEN i.attempts >= i.max_attempts THEN i.available_us
+                           ELSE (SELECT t FROM now) + n.retry_in_us END,
+       error = n.error
+  FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence,
+               json_extract(value, '$[2]') AS error, json_extract(value, '$[3]') AS retry_in_us
+          FROM json_each(:nacks)) AS n
+ WHERE i.id = n.id AND i.fence = n.fence
+   AND i.namespace = :namespace AND i.queue = :queue
+   AND i.state = 'claimed' AND i.available_us > (SELECT t FROM now)
+RETURNING id, fence, state;
+
+-- name: queue_get
+SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
+       created_us, finished_us, error,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_queue_item
+ WHERE namespace = :namespace AND queue = :queue AND id = :item_id;
+
+-- name: queue_list
+-- states: a JSON array of states, or NULL for any.
+SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
+       created_us, finished_us, error,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_queue_item
+ WHERE namespace = :namespace AND queue = :queue
+   AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+ ORDER BY id DESC
+ LIMIT :limit;
+
+-- name: queue_stats
+-- Per queue of the namespace (only :queue when not NULL), by name: (queue, ready
+-- (claimable now), scheduled, claimed (held), done, dead, oldest_us, now_us).
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+SELECT i.queue,
+       count(*) FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.t),
+       count(*) FILTER (WHERE i.state = 'ready' AND i.available_us > now.t),
+       count(*) FILTER (WHERE i.state = 'claimed' AND i.available_us > now.t),
+       count(*) FILTER (WHERE i.state = 'done'),
+       count(*) FILTER (WHERE i.state = 'dead'),
+       min(i.available_us)
+           FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.t),
+       now.t
+  FROM fleetcron_queue_item AS i, now
+ WHERE i.namespace = :namespace AND (:queue IS NULL OR i.queue = :queue)
+ GROUP BY i.queue
+ ORDER BY i.queue;
+
+-- name: queue_prune
+-- Up to :limit finished items of the namespace (of one queue when :queue is not NULL),
+-- oldest finish first.
+DELETE FROM fleetcron_queue_item
+ WHERE id IN (
+       SELECT i.id
+         FROM fleetcron_queue_item AS i,
+              (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+                      AS t) AS now
+        WHERE i.namespace = :namespace AND (:queue IS NULL OR i.queue = :queue)
+          AND i.state IN ('done', 'dead') AND i.finished_us <= now.t - :older_than_us
+        ORDER BY i.finished_us, i.id
+        LIMIT :limit);
+
+-- name: queue_requeue
+-- ids: a JSON array of item ids; the dead ones are ready again at now, with their
+-- deliveries back (error and fence kept). The changed count says how many.
+UPDATE fleetcron_queue_item
+   SET state = 'ready', attempts = 0, holder = NULL, finished_us = NULL,
+       available_us = CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+ WHERE namespace = :namespace AND queue = :queue AND state = 'dead'
+   AND id IN (SELECT value FROM json_each(:ids));
+
+-- Checkpoints (ctx.checkpoint): a job's high-water mark, moved only under a fence at least
+-- the one that last moved it. Each operation is one statement (in the operation's BEGIN
+-- IMMEDIATE transaction) at one reading of the clock.
+
+-- name: checkpoint_get
+-- (value, fence, updated_us, now_us), or no row when the checkpoint was never set.
+SELECT value, fence, updated_us,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_checkpoint
+ WHERE namespace = :namespace AND name = :name;
+
+-- name: checkpoint_set
+-- A conditional upsert: a new row goes in; an existing one is overwritten only when its
+-- fence is at most the given one. RETURNING gives only a row inserted or updated, so a row
+-- back means set and none means a higher fence has it (the changed count is no help: it
+-- may be -1 for a statement that starts with WITH). The WHERE true keeps ON CONFLICT from
+-- being read as a join's ON.
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+INSERT INTO fleetcron_checkpoint (namespace, name, value, fence, updated_us)
+SELECT :namespace, :name, :value, :fence, now.t
+  FROM now
+ WHERE true
+ON CONFLICT (namespace, name) DO UPDATE
+   SET value = excluded.value, fence = excluded.fence, updated_us = excluded.updated_us
+ WHERE fleetcron_checkpoint.fence <= excluded.fence
+RETURNING 1;
