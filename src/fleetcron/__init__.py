@@ -22,16 +22,21 @@ from fleetcron.errors import (
 from fleetcron.fleet import AsyncFleet, Fleet
 from fleetcron.lease import AsyncLease, Lease
 from fleetcron.models import DefinitionConflict, LeaseRecord, RunRecord
+from fleetcron.queue import AsyncQueue, Claimed, Entry, Queue
+from fleetcron.queue_models import QueueItem, QueueStats
 from fleetcron.scheduler import AsyncScheduler
 from fleetcron.sync import Scheduler
 
 __all__ = [
     "AsyncFleet",
     "AsyncLease",
+    "AsyncQueue",
     "AsyncScheduler",
+    "Claimed",
     "Clock",
     "ConfigurationError",
     "DefinitionConflict",
+    "Entry",
     "Fleet",
     "FleetcronError",
     "Lease",
@@ -39,6 +44,9 @@ __all__ = [
     "LeaseRecord",
     "LockBusy",
     "LockError",
+    "Queue",
+    "QueueItem",
+    "QueueStats",
     "RunCancelled",
     "RunContext",
     "RunRecord",

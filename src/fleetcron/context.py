@@ -6,8 +6,11 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from fleetcron.errors import RunCancelled
+from fleetcron import fencing
+from fleetcron.checkpoint import Checkpoint
+from fleetcron.errors import ConfigurationError, RunCancelled
 from fleetcron.models import micros_to_datetime
 
 __all__ = ["RunContext"]
@@ -57,6 +60,20 @@ class RunContext:
     trigger: str
     logger: logging.LoggerAdapter[logging.Logger]
     _cancel: _CancelState = field(default_factory=_CancelState, repr=False)
+    _checkpoint: Checkpoint | None = field(default=None, repr=False)
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The job's high-water mark in the store (:mod:`fleetcron.checkpoint`), moved
+        only under this run's fence: ``ctx.checkpoint.get(default)`` /
+        ``ctx.checkpoint.set(value)`` (``aget``/``aset`` in an ``async def``)."""
+        if self._checkpoint is None:
+            raise ConfigurationError(
+                "ctx.checkpoint is for jobs run in the scheduler's process (a Python job "
+                'without isolate = "process"); a command or an isolated job keeps its mark '
+                "in its own database, fenced with FLEETCRON_FENCE (docs/idempotency.md)"
+            )
+        return self._checkpoint
 
     @property
     def slot(self) -> datetime:
@@ -87,3 +104,16 @@ class RunContext:
     def cancel(self, reason: str = "cancelled") -> None:
         """Ask the run to stop (called by fleetcron)."""
         self._cancel.set(reason)
+
+    def check_fence(self, conn: Any, resource: str | None = None) -> None:
+        """Refuse this run's writes to your database once a newer run of the job has
+        written: :func:`fleetcron.fencing.check` of this run's fence for ``resource``
+        (the job's name by default), inside the transaction of ``conn`` that does the
+        work. Raises :class:`~fleetcron.fencing.StaleFence` for a stale run."""
+        fencing.check(conn, resource if resource is not None else f"job:{self.job}", self.fence)
+
+    def once(self, conn: Any, key: str) -> bool:
+        """The processed marker of ``key`` for this job (:func:`fleetcron.fencing.once`):
+        recorded in the transaction of ``conn`` that does the work; ``False`` when the
+        work it marks has committed already (skip it)."""
+        return fencing.once(conn, f"{self.job}:{key}", fence=self.fence)

@@ -28,6 +28,7 @@ from fleetcron.metrics import Metrics
 from fleetcron.models import REPLICA_RETAIN_US, LeaseRecord, ReplicaRecord, RunRecord
 from fleetcron.names import validate_name
 from fleetcron.portal import Portal
+from fleetcron.queue import AsyncQueue, Queue, QueueSettings
 from fleetcron.registry import JobRegistry
 from fleetcron.scheduler import AsyncScheduler
 from fleetcron.scheduling.retention import (
@@ -402,6 +403,27 @@ class Fleet(JobRegistry, _Observed):
         )
         return run_plan(plan, self.store)
 
+    def queue(
+        self,
+        name: str,
+        *,
+        visibility: DurationLike = "5m",
+        max_attempts: int = 5,
+        retry_backoff: DurationLike = "10s",
+        retry_backoff_max: DurationLike = "1h",
+    ) -> Queue:
+        """The work queue ``name`` of this fleet's namespace (:mod:`fleetcron.queue`):
+        a claim holds an item for ``visibility`` unless extended; an item gets
+        ``max_attempts`` deliveries, the next one ``retry_backoff`` after a failure
+        (doubled each time, at most ``retry_backoff_max``), then it is dead."""
+        settings = QueueSettings.of(
+            visibility=visibility,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+        )
+        return Queue(self.store, self.namespace, name, settings, portal=self._keepalives)
+
     def _keepalives(self) -> Portal:
         """The portal the keepalives of this fleet's leases run on (started on first use)."""
         with self._portal_lock:
@@ -446,6 +468,24 @@ class AsyncFleet(JobRegistry, _Observed):
         self._url: StoreURL | None = None
         self._background: asyncio.Task[None] | None = None
         self._background_core: AsyncScheduler | None = None
+
+    def queue(
+        self,
+        name: str,
+        *,
+        visibility: DurationLike = "5m",
+        max_attempts: int = 5,
+        retry_backoff: DurationLike = "10s",
+        retry_backoff_max: DurationLike = "1h",
+    ) -> AsyncQueue:
+        """The work queue ``name`` of this fleet's namespace (see :meth:`Fleet.queue`)."""
+        settings = QueueSettings.of(
+            visibility=visibility,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+        )
+        return AsyncQueue(self.store, self.namespace, name, settings)
 
     @classmethod
     async def connect(

@@ -62,6 +62,10 @@ definition (so replicas compare it), a job that sets neither keeps the fingerpri
 The replica that watches the namespace applies each job's rule every 10 minutes
 (:mod:`fleetcron.scheduling.retention`); ``fleetcron prune --runs`` applies it by hand.
 
+``[queues.NAME]`` tables declare queue workers that ``fleetcron run`` runs beside the
+scheduler (:mod:`fleetcron.scheduling.queues` lists their keys); a file may hold jobs,
+queues or both.
+
 ``call`` modules are imported when the file is loaded, with the jobs file's directory
 placed first on ``sys.path`` for the duration of the import, so a module next to the jobs
 file is found (``call = "jobs_demo:tick"`` for ``jobs_demo.py`` beside ``jobs.toml``).
@@ -85,6 +89,7 @@ from typing import Literal, NoReturn, get_args
 from fleetcron.errors import ConfigurationError
 from fleetcron.jobspec import JobBuilder, JobSpec, check_job_name, one_line, unique_jobs
 from fleetcron.names import validate_namespace
+from fleetcron.scheduling.queues import QueueSpec, load_queue_specs
 
 __all__ = ["MAX_JOBS_FILE_BYTES", "MODES", "JobsFile", "Mode", "load_jobs_file"]
 
@@ -108,6 +113,7 @@ class JobsFile:
     already in each job that does not set its own (:attr:`JobSpec.retention`)."""
 
     jobs: tuple[JobSpec, ...]
+    queues: tuple[QueueSpec, ...] = ()
     path: Path | None = None
     backend: str | None = None
     namespace: str | None = None
@@ -260,16 +266,19 @@ def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
         raise ConfigurationError(_toml_error(where, exc)) from None
 
     for key in document:
-        if key not in ("fleetcron", "jobs"):
+        if key not in ("fleetcron", "jobs", "queues"):
             raise ConfigurationError(
                 f"{where}: unknown top-level key {key!r} "
-                "(expected a [fleetcron] table and [jobs.NAME] tables)"
+                "(expected a [fleetcron] table, [jobs.NAME] and [queues.NAME] tables)"
             )
     settings = _settings(document.get("fleetcron", {}), where)
-    jobs_table = document.get("jobs")
-    if not isinstance(jobs_table, dict) or not jobs_table:
-        raise ConfigurationError(f"{where}: no jobs: add a [jobs.NAME] table per job")
     base_dir = file.resolve().parent
+    queues = load_queue_specs(document.get("queues", {}), where=where, base_dir=base_dir)
+    jobs_table = document.get("jobs", {})
+    if not isinstance(jobs_table, dict) or not (jobs_table or queues):
+        raise ConfigurationError(
+            f"{where}: no jobs: add a [jobs.NAME] table per job (or [queues.NAME] workers)"
+        )
     specs: list[JobSpec] = []
     for name, options in jobs_table.items():
         checked = check_job_name(name, where)
@@ -286,6 +295,7 @@ def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
         specs.append(builder.build())
     return JobsFile(
         jobs=unique_jobs(specs, where=where),
+        queues=queues,
         path=file,
         backend=settings.backend,
         namespace=settings.namespace,

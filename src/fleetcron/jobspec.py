@@ -51,6 +51,7 @@ __all__ = [
     "Retention",
     "Target",
     "check_job_name",
+    "import_call",
     "job_spec",
     "one_line",
     "unique_jobs",
@@ -244,7 +245,9 @@ def one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def _import_call(reference: str, base_dir: Path | None) -> Callable[..., object]:
+def import_call(reference: str, base_dir: Path | None) -> Callable[..., object]:
+    """The callable a ``module:function`` reference names, imported with ``base_dir`` first
+    on ``sys.path``; :class:`ConfigurationError` saying what failed."""
     if not _REFERENCE.fullmatch(reference):
         raise ConfigurationError(f"{reference!r} is not a 'module:function' reference")
     module_name, _, attribute = reference.partition(":")
@@ -443,7 +446,7 @@ class JobBuilder:
         if not isinstance(value, str):
             self.fail("call", f"must be a 'module:function' string, not {value!r}")
         try:
-            function = _import_call(value.strip(), self.base_dir)
+            function = import_call(value.strip(), self.base_dir)
         except ConfigurationError as exc:
             self.fail("call", exc.message)
         return CallTarget(value.strip(), function)

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from fleetcron.errors import StoreError
 from fleetcron.health import JobHealth
 from fleetcron.models import ClaimResult
+from fleetcron.queue_models import QueueStats
 from fleetcron.stores.base import AsyncStore, Capability, Operation, Operations
 
 if TYPE_CHECKING:
@@ -120,6 +121,26 @@ class Metrics:
             "The store's clock minus this host's wall clock.",
             registry=r,
         )
+        self.queue_items = Counter(
+            "fleetcron_queue_items",
+            "Queue items this replica's workers handled, by outcome (acked, failed: given "
+            "back to be retried, dead, lost: its claim expired before it was acknowledged).",
+            ["queue", "outcome"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "fleetcron_queue_items_waiting",
+            "Items of a queue by state (ready: claimable now, scheduled, claimed, dead), read "
+            "from the store by each replica that works the queue.",
+            ["queue", "state"],
+            registry=r,
+        )
+        self.queue_oldest = Gauge(
+            "fleetcron_queue_oldest_age_seconds",
+            "How long the queue's longest-waiting claimable item has waited (0: none).",
+            ["queue"],
+            registry=r,
+        )
 
     # -- what the scheduler reports --------------------------------------------------------
     def claimed(self, answers: Iterable[ClaimResult]) -> None:
@@ -140,6 +161,17 @@ class Metrics:
         self.runs.labels(job, outcome).inc()
         if duration_s is not None:
             self.run_duration.labels(job).observe(duration_s)
+
+    def queue_handled(self, queue: str, outcome: str, count: int) -> None:
+        """Count what a queue worker's batch came to (:meth:`AsyncQueue.work`'s observe)."""
+        self.queue_items.labels(queue, outcome).inc(count)
+
+    def queue_stats(self, stats: Iterable[QueueStats]) -> None:
+        """Publish how each queue stands."""
+        for queue in stats:
+            for state in ("ready", "scheduled", "claimed", "dead"):
+                self.queue_depth.labels(queue.queue, state).set(getattr(queue, state))
+            self.queue_oldest.labels(queue.queue).set(queue.oldest_age_us / 1e6)
 
     def job_defined(self, job: str, lock_at_most_us: int) -> None:
         self.lock_at_most.labels(job).set(lock_at_most_us / 1e6)

@@ -52,6 +52,7 @@ from fleetcron.scheduling.planning import (
     deadline,
     plan_slots,
 )
+from fleetcron.scheduling.queues import QueueSpec, QueueWorkers
 from fleetcron.scheduling.recovery import RECOVERY_EVERY_S, Recovery
 from fleetcron.scheduling.retention import DEFAULT_RETENTION_S
 from fleetcron.scheduling.supervision import ABANDONED_REASON, Supervisor, SupervisorOptions
@@ -150,6 +151,7 @@ class AsyncScheduler:
         *,
         clock: Clock = SYSTEM_CLOCK,
         metrics: Metrics | None = None,
+        queues: Sequence[QueueSpec] = (),
     ) -> None:
         self.metrics = metrics
         if metrics is not None:
@@ -213,6 +215,13 @@ class AsyncScheduler:
             self.specs,
             options.alert_webhook,
         )
+        self.queue_workers = QueueWorkers(
+            store,
+            options.namespace,
+            queues,
+            observe=metrics.queue_handled if metrics is not None else None,
+            on_stats=metrics.queue_stats if metrics is not None else None,
+        )
         self.monitor = Monitor(
             store,
             options.namespace,
@@ -265,6 +274,7 @@ class AsyncScheduler:
         self.heartbeat.start()
         if self.options.monitor_s > 0:
             self.monitor.start()
+        self.queue_workers.start()
         self.signals.started.set()
         try:
             if self.options.mode == "leader":
@@ -276,8 +286,12 @@ class AsyncScheduler:
                 try:
                     await self.monitor.stop()
                 finally:
-                    # Whatever stopped the monitor, the runs in flight get their grace.
-                    await self.supervisor.drain()
+                    # Whatever stopped the monitor, the runs in flight and the batches in
+                    # hand get their grace, side by side.
+                    await asyncio.gather(
+                        self.supervisor.drain(),
+                        self.queue_workers.stop(self.options.shutdown_grace_s),
+                    )
             finally:
                 await self.heartbeat.leave()
 

@@ -26,6 +26,7 @@ from fleetcron.models import (
     RunRecord,
     display_holder,
 )
+from fleetcron.queue_models import QueueStats
 from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.leadership import LEADER_LEASE
 from fleetcron.stores.base import Operation, Operations
@@ -39,6 +40,7 @@ __all__ = [
     "iso",
     "job_json",
     "lease_json",
+    "queue_json",
     "read_status",
     "replica_json",
     "run_duration_us",
@@ -76,6 +78,7 @@ class FleetStatus:
     leases: tuple[LeaseRecord, ...] = ()  # the namespace's lease rows but markers, by name
     markers: tuple[LeaseRecord, ...] = ()  # the monitor's alert markers, by name
     replicas: tuple[ReplicaRecord, ...] = ()  # up, and gone within the retention, by id
+    queues: tuple[QueueStats, ...] = ()  # the namespace's work queues, by name
 
     @property
     def unhealthy(self) -> tuple[JobHealth, ...]:
@@ -123,6 +126,7 @@ def read_status(
     rows = yield from ops.job_list(namespace)
     leases = yield from ops.lease_list(namespace)
     replicas = yield from ops.replica_list(namespace, REPLICA_RETAIN_US)
+    queues = yield from ops.queue_stats(namespace, None)
     if isinstance(jobs, str):
         jobs = [jobs]  # one job's name, not the characters of it
     wanted = set(jobs) if jobs is not None else None
@@ -147,6 +151,7 @@ def read_status(
         leases=tuple(shown_leases(leases)),
         markers=tuple(lease for lease in leases if is_alert_marker(lease.name)),
         replicas=tuple(replicas),
+        queues=tuple(queues),
     )
 
 
@@ -245,7 +250,21 @@ def status_json(status: FleetStatus) -> dict[str, object]:
             replica_json(replica, differs=replica.replica_id in differing)
             for replica in status.replicas
         ],
+        "queues": [queue_json(queue) for queue in status.queues],
         "notes": list(status.notes),
+    }
+
+
+def queue_json(queue: QueueStats) -> dict[str, object]:
+    """One work queue's standing (counts by state, the oldest claimable item's wait)."""
+    return {
+        "queue": queue.queue,
+        "ready": queue.ready,
+        "scheduled": queue.scheduled,
+        "claimed": queue.claimed,
+        "done": queue.done,
+        "dead": queue.dead,
+        "oldest_waiting_s": _seconds(queue.oldest_age_us),
     }
 
 

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from fleetcron.errors import StoreUnavailable
 from fleetcron.models import ReplicaInfo, RunOutcome, RunRecord, SlotClaim
+from fleetcron.queue_models import QueueNack, QueuePut
 from fleetcron.status import read_status, status_json
 from fleetcron.stores.base import Operation
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
@@ -331,3 +332,23 @@ def test_a_dashboard_on_the_loopback_answers_only_localhost_names(store: MemoryS
         assert client.get("/api/status", headers={"Host": "localhost:8080"}).status_code == 200
         rebound = client.get("/api/status", headers={"Host": "attacker.example:8080"})
         assert rebound.status_code == 400
+
+
+def test_the_index_shows_each_queue_with_its_dead_items(
+    store: MemoryStore, client: TestClient
+) -> None:
+    assert "Queues" not in client.get("/").text, "no queue, no section"
+    puts = [QueuePut(payload=str(n), max_attempts=1) for n in range(3)]
+    store.run(store.ops.queue_put(NS, "mail<x>", puts))
+    (first,) = store.run(store.ops.queue_claim(NS, "mail<x>", "w", 1, 30 * S))
+    nack = QueueNack(item_id=first.item_id, fence=first.fence, error="bounced")
+    assert store.run(store.ops.queue_nack(NS, "mail<x>", [nack])) == ["dead"]
+
+    page = client.get("/").text
+    queues = page.split("<h2>Queues</h2>")[1]
+
+    assert 'data-queue="mail&lt;x&gt;"' in queues, "the name escaped"
+    assert "1 dead" in queues
+    status = client.get("/api/status").json()
+    assert status["queues"][0]["queue"] == "mail<x>"
+    assert (status["queues"][0]["ready"], status["queues"][0]["dead"]) == (2, 1)

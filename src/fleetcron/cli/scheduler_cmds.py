@@ -173,8 +173,6 @@ def run_run(args: argparse.Namespace) -> int:
         backend_url=url.raw,
         alert_webhook=jobs_file.alert_webhook,
     )
-    if not jobs_file.jobs:
-        raise ConfigurationError(f"{args.jobs_file}: no jobs defined ([jobs.NAME] tables)")
     web = web_cmd.listen(args.web, "--web") if args.web else None  # before anything starts
     metrics = Metrics()
     try:
@@ -187,7 +185,9 @@ def run_run(args: argparse.Namespace) -> int:
     async def main() -> None:
         store = await open_async_store(url)
         try:
-            scheduler = AsyncScheduler(store, jobs_file.jobs, options, metrics=metrics)
+            scheduler = AsyncScheduler(
+                store, jobs_file.jobs, options, metrics=metrics, queues=jobs_file.queues
+            )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, scheduler.stop)
@@ -224,8 +224,6 @@ async def reload_jobs(scheduler: AsyncScheduler, loaded: JobsFile) -> None:
     assert loaded.path is not None
     try:
         fresh = await asyncio.to_thread(load_jobs_file, str(loaded.path))
-        if not fresh.jobs:
-            raise ConfigurationError(f"{loaded.path}: no jobs defined ([jobs.NAME] tables)")
     except ConfigurationError as exc:
         log.error(
             "reload refused, the jobs in place keep running: %s",
@@ -233,6 +231,11 @@ async def reload_jobs(scheduler: AsyncScheduler, loaded: JobsFile) -> None:
             extra={"action": "jobs_reload_refused"},
         )
         return
+    if _queues_of(fresh) != _queues_of(loaded):
+        log.warning(
+            "reload: the jobs file's [queues] changed; the queue workers change at the next start",
+            extra={"action": "jobs_reload_partial", "setting": "queues"},
+        )
     for key in ("backend", "namespace", "mode"):
         if getattr(fresh, key) != getattr(loaded, key):
             log.warning(
@@ -248,6 +251,12 @@ async def reload_jobs(scheduler: AsyncScheduler, loaded: JobsFile) -> None:
             exc,
             extra={"action": "jobs_reload_refused"},
         )
+
+
+def _queues_of(jobs_file: JobsFile) -> list[tuple[object, ...]]:
+    return [
+        (q.name, q.reference, q.batch, q.workers, q.idle_us, q.settings) for q in jobs_file.queues
+    ]
 
 
 def _iso(micros: int | None) -> str:

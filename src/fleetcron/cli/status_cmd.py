@@ -108,6 +108,27 @@ def _replicas(status: FleetStatus) -> list[str]:
     return ["replicas:", *_aligned(rows, "  "), *(f"note: {note}" for note in status.notes)]
 
 
+def _queues(status: FleetStatus) -> list[str]:
+    """The ``queues:`` section: each work queue's items by state, and the oldest wait."""
+    if not status.queues:
+        return []
+    header = ("QUEUE", "READY", "SCHEDULED", "CLAIMED", "DONE", "DEAD", "OLDEST WAITING")
+    rows = [header]
+    rows += [
+        (
+            queue.queue,
+            str(queue.ready),
+            str(queue.scheduled),
+            str(queue.claimed),
+            str(queue.done),
+            str(queue.dead),
+            format_duration(queue.oldest_age_us) if queue.oldest_us is not None else "-",
+        )
+        for queue in status.queues
+    ]
+    return ["queues:", *_aligned(rows, "  ")]
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the status; with ``--check``, the exit status says whether all is well."""
     jobs = [validate_name(job, what="job name") for job in args.jobs]
@@ -132,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             if status.jobs
             else [f"no jobs in namespace {namespace!r} (--namespace chooses another)"]
         )
-        print("\n".join(lines + _replicas(status)))  # noqa: T201
+        print("\n".join(lines + _replicas(status) + _queues(status)))  # noqa: T201
     if args.check and status.unhealthy:
         return EXIT_UNHEALTHY
     return 0

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fleetcron._log import log
+from fleetcron.checkpoint import Checkpoint
 from fleetcron.clock import Clock, SystemClock
 from fleetcron.context import RunContext
 from fleetcron.errors import StoreError
@@ -182,6 +183,9 @@ class Supervisor:
             run_id=record.run_id,
             trigger=record.trigger,
             logger=adapter,
+            _checkpoint=Checkpoint(
+                self.store, ns, spec.name, record.fence, asyncio.get_running_loop()
+            ),
         )
         log.info(
             "%s: run started (slot %s, attempt %d, fence %d)",

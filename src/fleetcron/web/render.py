@@ -14,6 +14,7 @@ from urllib.parse import quote
 from fleetcron.durations import format_duration
 from fleetcron.health import JobHealth
 from fleetcron.models import LeaseRecord, ReplicaRecord, RunRecord, display_holder
+from fleetcron.queue_models import QueueStats
 from fleetcron.schedules import iso_utc
 from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, run_duration_us
 from fleetcron.web.markup import Html, el, join
@@ -330,6 +331,21 @@ def _replica_row(replica: ReplicaRecord, differs: bool) -> Html:
     )
 
 
+def _queue_row(queue: QueueStats) -> Html:
+    waiting = "-" if queue.oldest_us is None else _duration(queue.oldest_age_us)
+    return el(
+        "tr",
+        el("td", queue.queue, class_="mono"),
+        el("td", str(queue.ready)),
+        el("td", str(queue.scheduled)),
+        el("td", str(queue.claimed)),
+        el("td", str(queue.done)),
+        el("td", _badge(f"{queue.dead} dead", "failing") if queue.dead else "0"),
+        el("td", waiting),
+        data_queue=queue.queue,
+    )
+
+
 def _leader(status: FleetStatus) -> Html:
     leader = status.leader
     if leader is None:
@@ -376,6 +392,18 @@ def index_page(status: FleetStatus) -> str:
         jobs,
         el("h2", "Replicas"),
         replicas,
+        *(
+            [
+                el("h2", "Queues"),
+                _table(
+                    ("Queue", "Ready", "Scheduled", "Claimed", "Done", "Dead", "Oldest waiting"),
+                    [_queue_row(queue) for queue in status.queues],
+                    "",
+                ),
+            ]
+            if status.queues
+            else []
+        ),
     )
     return _page("Jobs", status.namespace, status.now_us, body, current="/")
 

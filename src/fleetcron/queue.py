@@ -1,0 +1,602 @@
+"""Work queues: chunked work spread over the fleet, a crash costing one batch
+(docs/queues.md, docs/design/queue.md).
+
+A job that would hold one lock for an hour loses everything to a crash at minute 50. Put
+the work in a queue instead — a scheduled job enqueues, every replica's workers drain — and
+a crash costs the batch the crashed worker held: its claims expire and the items are
+delivered again, with higher fences.
+
+:class:`AsyncQueue` is the core and :class:`Queue` its sync face; both come from a fleet
+(``fleet.queue("emails")``). Items are JSON values (never pickle). Each delivery is a
+:class:`Claimed` item with its own lease (``expires_us``, on the store's clock) and fencing
+token (``fence``), so the item's effects can refuse a stale worker
+(:mod:`fleetcron.fencing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from fleetcron._log import log
+from fleetcron.durations import DurationLike, format_duration, to_micros
+from fleetcron.errors import ConfigurationError
+from fleetcron.jsonvalue import encode_json
+from fleetcron.lease import new_holder
+from fleetcron.names import validate_name
+from fleetcron.portal import Portal
+from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
+from fleetcron.stores.base import QUEUE_PRUNE_LIMIT, AsyncStore, SyncStore
+from fleetcron.stores.threaded import ThreadedAsyncStore
+
+__all__ = [
+    "MAX_ITEM_BYTES",
+    "AsyncQueue",
+    "Claimed",
+    "Entry",
+    "Queue",
+    "QueueSettings",
+]
+
+MAX_ITEM_BYTES = 1_048_576
+"""The largest item, as UTF-8 JSON text (1 MiB): a queue carries work, not data."""
+MAX_BATCH = 10_000
+"""The most items one put, claim or acknowledgement may carry."""
+MAX_DEDUPE_KEY_LENGTH = 200
+
+Handler: TypeAlias = Callable[["Claimed"], Any]
+"""A worker's handler: called with each item; returning is success, raising is failure.
+A coroutine function is awaited; a plain function runs in a thread."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """An item to put with options: its ``value``, a ``dedupe_key`` (an item whose key
+    the queue already holds is not put again) and a ``delay`` before it is claimable."""
+
+    value: Any
+    dedupe_key: str | None = None
+    delay: DurationLike = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueSettings:
+    """A queue's policies: how long a claim lasts unless extended (``visibility_us``),
+    how many deliveries an item gets before it is dead (``max_attempts``), and the
+    back-off after a failure — ``retry_backoff_us`` after the first, doubled after each
+    next one, at most ``retry_backoff_max_us``."""
+
+    visibility_us: int = 300_000_000
+    max_attempts: int = 5
+    retry_backoff_us: int = 10_000_000
+    retry_backoff_max_us: int = 3_600_000_000
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        visibility: DurationLike = "5m",
+        max_attempts: int = 5,
+        retry_backoff: DurationLike = "10s",
+        retry_backoff_max: DurationLike = "1h",
+    ) -> QueueSettings:
+        """Settings from durations (``"5m"``, seconds, ``timedelta``), checked."""
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise ConfigurationError(f"max_attempts must be an integer, not {max_attempts!r}")
+        if not 1 <= max_attempts <= 1000:
+            raise ConfigurationError(f"max_attempts must be 1 to 1000, not {max_attempts}")
+        settings = cls(
+            visibility_us=_positive(visibility, "visibility"),
+            max_attempts=max_attempts,
+            retry_backoff_us=_not_negative(retry_backoff, "retry_backoff"),
+            retry_backoff_max_us=_not_negative(retry_backoff_max, "retry_backoff_max"),
+        )
+        if settings.retry_backoff_max_us < settings.retry_backoff_us:
+            raise ConfigurationError(
+                f"retry_backoff_max ({format_duration(settings.retry_backoff_max_us)}) is "
+                f"shorter than retry_backoff ({format_duration(settings.retry_backoff_us)})"
+            )
+        return settings
+
+    def backoff_us(self, attempts: int) -> int:
+        """The wait before the next delivery of an item that failed its ``attempts``-th."""
+        doublings = min(max(attempts - 1, 0), 62)
+        return min(self.retry_backoff_us * (1 << doublings), self.retry_backoff_max_us)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """One delivery of an item: ``value`` (the JSON decoded), ``fence`` (this delivery's
+    fencing token, higher than every earlier delivery's of the item), ``attempt`` (1 for
+    the first delivery), and the row as claimed (``item``: its claim expires at
+    ``item.available_us`` on the store's clock unless extended)."""
+
+    queue: str
+    item_id: int
+    value: Any
+    fence: int
+    attempt: int
+    item: QueueItem
+
+    @property
+    def claim(self) -> tuple[int, int]:
+        """``(item_id, fence)``: what names this delivery to the store."""
+        return (self.item_id, self.fence)
+
+
+def _positive(value: DurationLike, what: str) -> int:
+    micros = to_micros(value, what=what)
+    if micros <= 0:
+        raise ConfigurationError(f"{what} must be longer than 0, not {value!r}")
+    return micros
+
+
+def _not_negative(value: DurationLike, what: str) -> int:
+    micros = to_micros(value, what=what)
+    if micros < 0:
+        raise ConfigurationError(f"{what} must not be negative, not {value!r}")
+    return micros
+
+
+def _visibility(settings: QueueSettings, visibility: DurationLike | None) -> int:
+    if visibility is None:
+        return settings.visibility_us
+    return _positive(visibility, "visibility")
+
+
+def _batch_size(batch: object, what: str = "batch") -> int:
+    if isinstance(batch, bool) or not isinstance(batch, int):
+        raise ConfigurationError(f"{what} must be an integer, not {batch!r}")
+    if not 1 <= batch <= MAX_BATCH:
+        raise ConfigurationError(f"{what} must be 1 to {MAX_BATCH}, not {batch}")
+    return batch
+
+
+def encode(value: Any, *, where: str = "item") -> str:
+    """``value`` as the JSON text a queue stores (:func:`~fleetcron.jsonvalue.encode_json`)."""
+    return encode_json(
+        value,
+        where=where,
+        limit=MAX_ITEM_BYTES,
+        too_big="put a reference to the data in the queue instead",
+    )
+
+
+def _dedupe_key(key: object, where: str) -> str | None:
+    if key is None:
+        return None
+    return validate_name(key, what=f"{where}: dedupe key")[:MAX_DEDUPE_KEY_LENGTH]
+
+
+def to_puts(
+    values: Iterable[Any], settings: QueueSettings, *, dedupe_key: str | None, delay: DurationLike
+) -> list[QueuePut]:
+    """The store's puts of ``values`` (each a value or an :class:`Entry`), checked."""
+    puts = []
+    for index, value in enumerate(values):
+        where = f"item {index}"
+        entry = value if isinstance(value, Entry) else Entry(value, dedupe_key, delay)
+        puts.append(
+            QueuePut(
+                payload=encode(entry.value, where=where),
+                dedupe_key=_dedupe_key(entry.dedupe_key, where),
+                delay_us=_not_negative(entry.delay, f"{where}: delay"),
+                max_attempts=settings.max_attempts,
+            )
+        )
+    if len(puts) > MAX_BATCH:
+        raise ConfigurationError(f"at most {MAX_BATCH} items go in one put, not {len(puts)}")
+    return puts
+
+
+def claimed(item: QueueItem) -> Claimed:
+    """The delivery of a claimed row."""
+    return Claimed(
+        queue=item.queue,
+        item_id=item.item_id,
+        value=json.loads(item.payload),
+        fence=item.fence,
+        attempt=item.attempts,
+        item=item,
+    )
+
+
+def _error_text(error: BaseException | str) -> str:
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return text[:4096]
+
+
+class AsyncQueue:
+    """A named queue of a fleet's namespace (asyncio). Get one with
+    ``fleet.queue(name, …)`` on an :class:`~fleetcron.AsyncFleet`."""
+
+    def __init__(
+        self, store: AsyncStore, namespace: str, name: str, settings: QueueSettings
+    ) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.name = validate_name(name, what="queue name")
+        self.settings = settings
+        self.holder = new_holder()
+
+    async def put(
+        self, value: Any, *, dedupe_key: str | None = None, delay: DurationLike = 0
+    ) -> int | None:
+        """Queue one JSON value; its id, or ``None`` when ``dedupe_key`` is taken."""
+        (answer,) = await self.put_many([Entry(value, dedupe_key, delay)])
+        return answer
+
+    async def put_many(
+        self,
+        values: Iterable[Any],
+        *,
+        dedupe_key: str | None = None,
+        delay: DurationLike = 0,
+    ) -> list[int | None]:
+        """Queue many values (or :class:`Entry` items) in one round trip; each one's id,
+        or ``None`` for one whose dedupe key is taken."""
+        puts = to_puts(values, self.settings, dedupe_key=dedupe_key, delay=delay)
+        if not puts:
+            return []
+        return await self.store.run(self.store.ops.queue_put(self.namespace, self.name, puts))
+
+    async def claim(
+        self, batch: int = 1, *, visibility: DurationLike | None = None
+    ) -> list[Claimed]:
+        """Claim up to ``batch`` items for this worker, each held for ``visibility`` (the
+        queue's, by default) unless extended. Fewer than ``batch`` (or none) when fewer
+        are claimable; never waits."""
+        size = _batch_size(batch)
+        ttl = self._visibility(visibility)
+        items = await self.store.run(
+            self.store.ops.queue_claim(self.namespace, self.name, self.holder, size, ttl)
+        )
+        return [claimed(item) for item in items]
+
+    async def ack(self, *items: Claimed) -> list[bool]:
+        """Mark deliveries done, in one round trip; ``False`` for one whose claim was
+        lost (expired and delivered again, or finished already): its work may be redone
+        by another worker — which is what the fence is for."""
+        if not items:
+            return []
+        pairs = [item.claim for item in items]
+        return await self.store.run(self.store.ops.queue_ack(self.namespace, self.name, pairs))
+
+    async def nack(
+        self, item: Claimed, error: BaseException | str, *, retry_in: DurationLike | None = None
+    ) -> str | None:
+        """Give a delivery back as failed: claimable again after ``retry_in`` (the queue's
+        back-off for its attempt, by default), or ``dead`` once its attempts are used up.
+        The new state, or ``None`` when the claim was lost already."""
+        wait = (
+            self.settings.backoff_us(item.attempt)
+            if retry_in is None
+            else _not_negative(retry_in, "retry_in")
+        )
+        nack = QueueNack(
+            item_id=item.item_id, fence=item.fence, error=_error_text(error), retry_in_us=wait
+        )
+        (state,) = await self.store.run(
+            self.store.ops.queue_nack(self.namespace, self.name, [nack])
+        )
+        return state
+
+    async def extend(
+        self, *items: Claimed, visibility: DurationLike | None = None
+    ) -> list[int | None]:
+        """Hold deliveries ``visibility`` longer from now (store clock); each one's new
+        expiry, or ``None`` when its claim was lost."""
+        if not items:
+            return []
+        pairs = [item.claim for item in items]
+        ttl = self._visibility(visibility)
+        return await self.store.run(
+            self.store.ops.queue_extend(self.namespace, self.name, pairs, ttl)
+        )
+
+    async def stats(self) -> QueueStats:
+        """How the queue stands now (all zero when it holds nothing)."""
+        found = await self.store.run(self.store.ops.queue_stats(self.namespace, self.name))
+        return found[0] if found else await self._empty_stats()
+
+    async def items(
+        self, *, states: Sequence[str] | None = None, limit: int = 100
+    ) -> list[QueueItem]:
+        """The queue's items in ``states`` (any, by default), newest first."""
+        return await self.store.run(
+            self.store.ops.queue_list(self.namespace, self.name, states, limit)
+        )
+
+    async def requeue(self, item_ids: Sequence[int]) -> int:
+        """Give dead items their deliveries back; how many were dead."""
+        return await self.store.run(
+            self.store.ops.queue_requeue(self.namespace, self.name, list(item_ids))
+        )
+
+    async def prune(self, older_than: DurationLike = "7d") -> int:
+        """Delete items done or dead for ``older_than`` (their dedupe keys become free);
+        how many (at most 1,000 a call)."""
+        age = _not_negative(older_than, "older_than")
+        return await self.store.run(
+            self.store.ops.queue_prune(self.namespace, self.name, age, QUEUE_PRUNE_LIMIT)
+        )
+
+    async def work(
+        self,
+        handler: Handler,
+        *,
+        batch: int = 10,
+        idle: DurationLike = "1s",
+        stop: asyncio.Event | None = None,
+        until_empty: bool = False,
+        observe: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """Drain the queue until ``stop`` is set (forever without one): claim up to
+        ``batch`` items, call ``handler`` on each in turn while the batch's claims are
+        renewed every third of the visibility, acknowledge the successes together at the
+        end of the batch and give back each failure (:meth:`nack`) at once. An item whose
+        claim was lost before its turn is not handled. With nothing to claim it waits
+        ``idle`` (or until ``stop``) — or returns, with ``until_empty``. ``observe`` is
+        told how many items each batch ``acked``, ``failed`` (given back to be retried),
+        killed (``dead``) and ``lost`` (its claim expired before it was acknowledged)."""
+        size = _batch_size(batch)
+        idle_s = _positive(idle, "idle") / 1e6
+        while stop is None or not stop.is_set():
+            items = await self.claim(size)
+            if not items:
+                if until_empty:
+                    return
+                if stop is None:
+                    await asyncio.sleep(idle_s)
+                else:
+                    await _wait(stop, idle_s)
+                continue
+            counts = await self._work_batch(handler, items)
+            if observe is not None:
+                for outcome, count in counts.items():
+                    if count:
+                        observe(outcome, count)
+
+    async def _work_batch(self, handler: Handler, items: list[Claimed]) -> dict[str, int]:
+        counts = {"acked": 0, "failed": 0, "dead": 0, "lost": 0}
+        lost: set[int] = set()
+        renewing = asyncio.create_task(self._renew(items, lost))
+        done: list[Claimed] = []
+        try:
+            for item in items:
+                if item.item_id in lost:
+                    counts["lost"] += 1
+                    continue
+                try:
+                    await _call(handler, item)
+                except Exception as exc:  # the item failed; the worker goes on
+                    state = await self.nack(item, exc)
+                    counts[
+                        "lost" if state is None else "dead" if state == "dead" else "failed"
+                    ] += 1
+                    log.warning(
+                        "queue %s: item %d failed (attempt %d): %s%s",
+                        self.name,
+                        item.item_id,
+                        item.attempt,
+                        _error_text(exc),
+                        "; it is dead" if state == "dead" else "",
+                        extra={"action": "queue_item_failed", "queue": self.name},
+                    )
+                else:
+                    done.append(item)
+        finally:
+            renewing.cancel()
+            answers = await self.ack(*done)
+        for item, acked in zip(done, answers, strict=True):
+            counts["acked" if acked else "lost"] += 1
+            if not acked:
+                log.warning(
+                    "queue %s: item %d was handled but its claim had been lost: another "
+                    "worker may handle it again (fence %d)",
+                    self.name,
+                    item.item_id,
+                    item.fence,
+                    extra={"action": "queue_claim_lost", "queue": self.name},
+                )
+        return counts
+
+    async def _renew(self, items: list[Claimed], lost: set[int]) -> None:
+        every_s = self.settings.visibility_us / 3e6
+        while True:
+            await asyncio.sleep(every_s)
+            live = [item for item in items if item.item_id not in lost]
+            answers = await self.extend(*live)
+            lost.update(item.item_id for item, at in zip(live, answers, strict=True) if at is None)
+
+    def _visibility(self, visibility: DurationLike | None) -> int:
+        return _visibility(self.settings, visibility)
+
+    async def _empty_stats(self) -> QueueStats:
+        now = await self.store.run(self.store.ops.store_now())
+        return QueueStats(
+            namespace=self.namespace,
+            queue=self.name,
+            ready=0,
+            scheduled=0,
+            claimed=0,
+            done=0,
+            dead=0,
+            oldest_us=None,
+            now_us=now,
+        )
+
+
+async def _call(handler: Handler, item: Claimed) -> None:
+    if inspect.iscoroutinefunction(handler):
+        await handler(item)
+        return
+    result = await asyncio.to_thread(handler, item)
+    if inspect.isawaitable(result):
+        await result
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        pass
+
+
+class Queue:
+    """A named queue of a fleet's namespace (sync): the face of an :class:`AsyncQueue`.
+    Get one with ``fleet.queue(name, …)``."""
+
+    def __init__(
+        self,
+        store: SyncStore,
+        namespace: str,
+        name: str,
+        settings: QueueSettings,
+        *,
+        portal: Callable[[], Portal],
+    ) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.name = validate_name(name, what="queue name")
+        self.settings = settings
+        self.holder = new_holder()
+        self._portal = portal
+
+    def put(
+        self, value: Any, *, dedupe_key: str | None = None, delay: DurationLike = 0
+    ) -> int | None:
+        """Queue one JSON value; its id, or ``None`` when ``dedupe_key`` is taken."""
+        (answer,) = self.put_many([Entry(value, dedupe_key, delay)])
+        return answer
+
+    def put_many(
+        self, values: Iterable[Any], *, dedupe_key: str | None = None, delay: DurationLike = 0
+    ) -> list[int | None]:
+        """Queue many values (or :class:`Entry` items) in one round trip; each one's id,
+        or ``None`` for one whose dedupe key is taken."""
+        puts = to_puts(values, self.settings, dedupe_key=dedupe_key, delay=delay)
+        if not puts:
+            return []
+        return self.store.run(self.store.ops.queue_put(self.namespace, self.name, puts))
+
+    def claim(self, batch: int = 1, *, visibility: DurationLike | None = None) -> list[Claimed]:
+        """Claim up to ``batch`` items (see :meth:`AsyncQueue.claim`)."""
+        size = _batch_size(batch)
+        ttl = (
+            self.settings.visibility_us
+            if visibility is None
+            else _positive(visibility, "visibility")
+        )
+        items = self.store.run(
+            self.store.ops.queue_claim(self.namespace, self.name, self.holder, size, ttl)
+        )
+        return [claimed(item) for item in items]
+
+    def ack(self, *items: Claimed) -> list[bool]:
+        """Mark deliveries done (see :meth:`AsyncQueue.ack`)."""
+        if not items:
+            return []
+        pairs = [item.claim for item in items]
+        return self.store.run(self.store.ops.queue_ack(self.namespace, self.name, pairs))
+
+    def nack(
+        self, item: Claimed, error: BaseException | str, *, retry_in: DurationLike | None = None
+    ) -> str | None:
+        """Give a delivery back as failed (see :meth:`AsyncQueue.nack`)."""
+        wait = (
+            self.settings.backoff_us(item.attempt)
+            if retry_in is None
+            else _not_negative(retry_in, "retry_in")
+        )
+        nack = QueueNack(
+            item_id=item.item_id, fence=item.fence, error=_error_text(error), retry_in_us=wait
+        )
+        (state,) = self.store.run(self.store.ops.queue_nack(self.namespace, self.name, [nack]))
+        return state
+
+    def extend(self, *items: Claimed, visibility: DurationLike | None = None) -> list[int | None]:
+        """Hold deliveries longer (see :meth:`AsyncQueue.extend`)."""
+        if not items:
+            return []
+        ttl = (
+            self.settings.visibility_us
+            if visibility is None
+            else _positive(visibility, "visibility")
+        )
+        pairs = [item.claim for item in items]
+        return self.store.run(self.store.ops.queue_extend(self.namespace, self.name, pairs, ttl))
+
+    def stats(self) -> QueueStats:
+        """How the queue stands now (all zero when it holds nothing)."""
+        found = self.store.run(self.store.ops.queue_stats(self.namespace, self.name))
+        if found:
+            return found[0]
+        return QueueStats(
+            namespace=self.namespace,
+            queue=self.name,
+            ready=0,
+            scheduled=0,
+            claimed=0,
+            done=0,
+            dead=0,
+            oldest_us=None,
+            now_us=self.store.run(self.store.ops.store_now()),
+        )
+
+    def items(self, *, states: Sequence[str] | None = None, limit: int = 100) -> list[QueueItem]:
+        """The queue's items in ``states`` (any, by default), newest first."""
+        return self.store.run(self.store.ops.queue_list(self.namespace, self.name, states, limit))
+
+    def requeue(self, item_ids: Sequence[int]) -> int:
+        """Give dead items their deliveries back; how many were dead."""
+        return self.store.run(
+            self.store.ops.queue_requeue(self.namespace, self.name, list(item_ids))
+        )
+
+    def prune(self, older_than: DurationLike = "7d") -> int:
+        """Delete items done or dead for ``older_than``; how many (at most 1,000 a call)."""
+        age = _not_negative(older_than, "older_than")
+        return self.store.run(
+            self.store.ops.queue_prune(self.namespace, self.name, age, QUEUE_PRUNE_LIMIT)
+        )
+
+    def work(
+        self,
+        handler: Handler,
+        *,
+        batch: int = 10,
+        idle: DurationLike = "1s",
+        stop: threading.Event | None = None,
+        until_empty: bool = False,
+    ) -> None:
+        """Drain the queue until ``stop`` is set (forever without one; with
+        ``until_empty``, until a claim finds nothing): the loop of
+        :meth:`AsyncQueue.work`, run on the fleet's background loop (where the batch's
+        claims are renewed), calling ``handler`` in a thread — or awaiting it, for a
+        coroutine function. Blocks the calling thread."""
+        _batch_size(batch)
+        _positive(idle, "idle")
+        core = AsyncQueue(ThreadedAsyncStore(self.store), self.namespace, self.name, self.settings)
+        core.holder = self.holder
+
+        async def run() -> None:
+            event = asyncio.Event()
+            if stop is not None:
+                loop = asyncio.get_running_loop()
+                watcher = asyncio.ensure_future(asyncio.to_thread(stop.wait))
+                watcher.add_done_callback(lambda _: loop.call_soon(event.set))
+            await core.work(
+                handler,
+                batch=batch,
+                idle=idle,
+                stop=event if stop else None,
+                until_empty=until_empty,
+            )
+
+        self._portal().call(run)
