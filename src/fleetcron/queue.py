@@ -19,20 +19,20 @@ import asyncio
 import inspect
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from fleetcron._log import log
 from fleetcron.durations import DurationLike, format_duration, to_micros
-from fleetcron.errors import ConfigurationError
+from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jsonvalue import encode_json
 from fleetcron.lease import new_holder
 from fleetcron.names import validate_name
 from fleetcron.portal import Portal
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
 from fleetcron.stores.base import QUEUE_PRUNE_LIMIT, AsyncStore, SyncStore
-from fleetcron.stores.threaded import ThreadedAsyncStore
 
 __all__ = [
     "MAX_ITEM_BYTES",
@@ -363,56 +363,38 @@ class AsyncQueue:
                         observe(outcome, count)
 
     async def _work_batch(self, handler: Handler, items: list[Claimed]) -> dict[str, int]:
-        counts = {"acked": 0, "failed": 0, "dead": 0, "lost": 0}
+        tally = _Tally(self.name)
         lost: set[int] = set()
         renewing = asyncio.create_task(self._renew(items, lost))
         done: list[Claimed] = []
         try:
             for item in items:
                 if item.item_id in lost:
-                    counts["lost"] += 1
+                    tally.skipped()
                     continue
                 try:
                     await _call(handler, item)
                 except Exception as exc:  # the item failed; the worker goes on
-                    state = await self.nack(item, exc)
-                    counts[
-                        "lost" if state is None else "dead" if state == "dead" else "failed"
-                    ] += 1
-                    log.warning(
-                        "queue %s: item %d failed (attempt %d): %s%s",
-                        self.name,
-                        item.item_id,
-                        item.attempt,
-                        _error_text(exc),
-                        "; it is dead" if state == "dead" else "",
-                        extra={"action": "queue_item_failed", "queue": self.name},
-                    )
+                    tally.failed(item, exc, await self.nack(item, exc))
                 else:
                     done.append(item)
         finally:
             renewing.cancel()
             answers = await self.ack(*done)
-        for item, acked in zip(done, answers, strict=True):
-            counts["acked" if acked else "lost"] += 1
-            if not acked:
-                log.warning(
-                    "queue %s: item %d was handled but its claim had been lost: another "
-                    "worker may handle it again (fence %d)",
-                    self.name,
-                    item.item_id,
-                    item.fence,
-                    extra={"action": "queue_claim_lost", "queue": self.name},
-                )
-        return counts
+        tally.acked(done, answers)
+        return tally.counts
 
     async def _renew(self, items: list[Claimed], lost: set[int]) -> None:
         every_s = self.settings.visibility_us / 3e6
         while True:
             await asyncio.sleep(every_s)
             live = [item for item in items if item.item_id not in lost]
-            answers = await self.extend(*live)
-            lost.update(item.item_id for item, at in zip(live, answers, strict=True) if at is None)
+            try:
+                answers = await self.extend(*live)
+            except StoreError as exc:
+                _renewal_failed(self.name, exc)
+                continue
+            _note_lost(live, answers, lost)
 
     def _visibility(self, visibility: DurationLike | None) -> int:
         return _visibility(self.settings, visibility)
@@ -430,6 +412,60 @@ class AsyncQueue:
             oldest_us=None,
             now_us=now,
         )
+
+
+class _Tally:
+    """What one batch of a worker came to (``acked``, ``failed``: given back to be
+    retried, ``dead``, ``lost``: its claim expired first), and the log lines of it."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.counts = {"acked": 0, "failed": 0, "dead": 0, "lost": 0}
+
+    def skipped(self) -> None:
+        """An item whose claim was lost before its turn: not handled."""
+        self.counts["lost"] += 1
+
+    def failed(self, item: Claimed, error: Exception, state: str | None) -> None:
+        """The handler raised; ``state`` is what the nack answered."""
+        self.counts["lost" if state is None else "dead" if state == "dead" else "failed"] += 1
+        log.warning(
+            "queue %s: item %d failed (attempt %d): %s%s",
+            self.queue,
+            item.item_id,
+            item.attempt,
+            _error_text(error),
+            "; it is dead" if state == "dead" else "",
+            extra={"action": "queue_item_failed", "queue": self.queue},
+        )
+
+    def acked(self, done: Sequence[Claimed], answers: Sequence[bool]) -> None:
+        """The acknowledgement of the handled items answered ``answers``."""
+        for item, acked in zip(done, answers, strict=True):
+            self.counts["acked" if acked else "lost"] += 1
+            if not acked:
+                log.warning(
+                    "queue %s: item %d was handled but its claim had been lost: another "
+                    "worker may handle it again (fence %d)",
+                    self.queue,
+                    item.item_id,
+                    item.fence,
+                    extra={"action": "queue_claim_lost", "queue": self.queue},
+                )
+
+
+def _note_lost(live: Sequence[Claimed], answers: Sequence[int | None], lost: set[int]) -> None:
+    lost.update(item.item_id for item, at in zip(live, answers, strict=True) if at is None)
+
+
+def _renewal_failed(queue: str, error: StoreError) -> None:
+    # The claims may still be held: the next renewal tries again before they expire.
+    log.warning(
+        "queue %s: renewing the batch's claims failed (%s); trying again",
+        queue,
+        error,
+        extra={"action": "queue_renew_failed", "queue": queue},
+    )
 
 
 async def _call(handler: Handler, item: Claimed) -> None:
@@ -574,29 +610,74 @@ class Queue:
         idle: DurationLike = "1s",
         stop: threading.Event | None = None,
         until_empty: bool = False,
+        observe: Callable[[str, int], None] | None = None,
     ) -> None:
         """Drain the queue until ``stop`` is set (forever without one; with
         ``until_empty``, until a claim finds nothing): the loop of
-        :meth:`AsyncQueue.work`, run on the fleet's background loop (where the batch's
-        claims are renewed), calling ``handler`` in a thread — or awaiting it, for a
-        coroutine function. Blocks the calling thread."""
-        _batch_size(batch)
-        _positive(idle, "idle")
-        core = AsyncQueue(ThreadedAsyncStore(self.store), self.namespace, self.name, self.settings)
-        core.holder = self.holder
+        :meth:`AsyncQueue.work`, in the calling thread — ``handler`` is called here, so a
+        database connection made in this thread can be used in it — while a background
+        thread renews the batch's claims."""
+        size = _batch_size(batch)
+        idle_s = _positive(idle, "idle") / 1e6
+        while stop is None or not stop.is_set():
+            items = self.claim(size)
+            if not items:
+                if until_empty:
+                    return
+                if stop is None:
+                    time.sleep(idle_s)
+                else:
+                    stop.wait(idle_s)
+                continue
+            counts = self._work_batch(handler, items)
+            if observe is not None:
+                for outcome, count in counts.items():
+                    if count:
+                        observe(outcome, count)
 
-        async def run() -> None:
-            event = asyncio.Event()
-            if stop is not None:
-                loop = asyncio.get_running_loop()
-                watcher = asyncio.ensure_future(asyncio.to_thread(stop.wait))
-                watcher.add_done_callback(lambda _: loop.call_soon(event.set))
-            await core.work(
-                handler,
-                batch=batch,
-                idle=idle,
-                stop=event if stop else None,
-                until_empty=until_empty,
-            )
+    def _work_batch(self, handler: Handler, items: list[Claimed]) -> dict[str, int]:
+        tally = _Tally(self.name)
+        lost: set[int] = set()
+        finished = threading.Event()
+        renewer = threading.Thread(
+            target=self._renew,
+            args=(items, lost, finished),
+            name=f"fleetcron-queue-renew:{self.name}",
+            daemon=True,
+        )
+        renewer.start()
+        done: list[Claimed] = []
+        try:
+            for item in items:
+                if item.item_id in lost:
+                    tally.skipped()
+                    continue
+                try:
+                    result = handler(item)
+                    if inspect.isawaitable(result):  # a coroutine function's coroutine
+                        self._portal().call(_awaited, result)
+                except Exception as exc:  # the item failed; the worker goes on
+                    tally.failed(item, exc, self.nack(item, exc))
+                else:
+                    done.append(item)
+        finally:
+            finished.set()
+            renewer.join()
+            answers = self.ack(*done)
+        tally.acked(done, answers)
+        return tally.counts
 
-        self._portal().call(run)
+    def _renew(self, items: list[Claimed], lost: set[int], finished: threading.Event) -> None:
+        every_s = self.settings.visibility_us / 3e6
+        while not finished.wait(every_s):
+            live = [item for item in items if item.item_id not in lost]
+            try:
+                answers = self.extend(*live)
+            except StoreError as exc:
+                _renewal_failed(self.name, exc)
+                continue
+            _note_lost(live, answers, lost)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
