@@ -110,5 +110,9 @@ def test_commands_on_unknown_jobs_and_bad_ranges_are_clear_errors(sqlite_cli: Cl
         (("backfill", "ghost", "--from", "yesterday", "--to", "2026-01-02"), "--from"),
         (("backfill", "ghost", "--from", "2026-01-02", "--to", "2026-01-01"), "before --from"),
         (("runs", "--limit", "0"), "--limit"),
+        # No job can have a name longer than its lease name allows: said as such.
+        (("trigger", "j" * 187), "job name is 187 characters long; the maximum is 186"),
+        (("pause", "j" * 187), "the maximum is 186"),
+        (("status", "j" * 187), "the maximum is 186"),
     ]:
         assert_clean_error(sqlite_cli.run(*argv), 2, message)

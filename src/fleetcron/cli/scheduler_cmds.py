@@ -21,7 +21,7 @@ from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobsfile import JobsFile, load_jobs_file
 from fleetcron.metrics import Metrics
 from fleetcron.models import RunRecord, micros_to_datetime
-from fleetcron.names import validate_name, validate_namespace
+from fleetcron.names import validate_job_name, validate_namespace
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.schedules import from_datetime, schedule_from_definition
 from fleetcron.stores import open_async_store, open_store, resolve_backend
@@ -134,7 +134,7 @@ def serve_metrics(where: str, metrics: Metrics) -> WSGIServer:
 def _job_arg(args: argparse.Namespace) -> str | None:
     """The JOB argument, checked like every name before anything reads the store."""
     job: str | None = args.job
-    return None if job is None else validate_name(job, what="job name")
+    return None if job is None else validate_job_name(job)
 
 
 def _namespace(args: argparse.Namespace, configured: str | None) -> str:

@@ -16,7 +16,7 @@ from typing import TypeVar
 from fleetcron.cli.exitcodes import EXIT_UNHEALTHY, EXIT_USAGE
 from fleetcron.durations import format_duration
 from fleetcron.models import display_holder
-from fleetcron.names import validate_name
+from fleetcron.names import validate_job_name
 from fleetcron.schedules import iso_utc
 from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, iso, read_status, status_json
 from fleetcron.stores import open_store, resolve_backend
@@ -131,7 +131,7 @@ def _queues(status: FleetStatus) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the status; with ``--check``, the exit status says whether all is well."""
-    jobs = [validate_name(job, what="job name") for job in args.jobs]
+    jobs = [validate_job_name(job) for job in args.jobs]
     namespace = resolve_namespace(getattr(args, "namespace", None))
     store = open_store(resolve_backend(getattr(args, "backend", None)))
     try:

@@ -33,7 +33,7 @@ from fleetcron._log import log
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.health import JobHealth
 from fleetcron.models import RunRecord
-from fleetcron.names import validate_name
+from fleetcron.names import validate_job_name
 from fleetcron.schedules import from_datetime, iso_utc
 from fleetcron.status import (
     FleetStatus,
@@ -106,7 +106,7 @@ def _html(content: str, status: int = 200) -> HTMLResponse:
 
 def _job_name(request: Request) -> str | None:
     try:
-        return validate_name(request.path_params["name"], what="job name")
+        return validate_job_name(request.path_params["name"])
     except ConfigurationError:
         return None  # no job can have that name
 
