@@ -17,9 +17,9 @@ import asyncio
 import json
 from typing import Any
 
-from fleetcron.errors import ConfigurationError
 from fleetcron.fencing import StaleFence
 from fleetcron.jsonvalue import encode_json
+from fleetcron.loopcall import call_on_loop
 from fleetcron.stores.base import AsyncStore
 
 __all__ = ["Checkpoint"]
@@ -71,21 +71,8 @@ class Checkpoint:
 
     def get(self, default: Any = None) -> Any:
         """:meth:`aget` from a job function running in a thread."""
-        return self._call(self.aget(default))
+        return call_on_loop(self._loop, self.aget(default), instead="`await ctx.checkpoint.aget()`")
 
     def set(self, value: Any) -> None:
         """:meth:`aset` from a job function running in a thread."""
-        self._call(self.aset(value))
-
-    def _call(self, coroutine: Any) -> Any:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            coroutine.close()
-            raise ConfigurationError(
-                "ctx.checkpoint.get()/set() block: in an async job use "
-                "`await ctx.checkpoint.aget()` / `await ctx.checkpoint.aset(value)`"
-            )
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        call_on_loop(self._loop, self.aset(value), instead="`await ctx.checkpoint.aset(value)`")

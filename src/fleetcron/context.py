@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from fleetcron import fencing
 from fleetcron.checkpoint import Checkpoint
+from fleetcron.durations import DurationLike
 from fleetcron.errors import ConfigurationError, RunCancelled
 from fleetcron.models import micros_to_datetime
+from fleetcron.queue import JobQueue, QueueSettings
 
 __all__ = ["RunContext"]
 
@@ -61,6 +64,33 @@ class RunContext:
     logger: logging.LoggerAdapter[logging.Logger]
     _cancel: _CancelState = field(default_factory=_CancelState, repr=False)
     _checkpoint: Checkpoint | None = field(default=None, repr=False)
+    _queues: Callable[[str, QueueSettings], JobQueue] | None = field(default=None, repr=False)
+
+    def queue(
+        self,
+        name: str,
+        *,
+        visibility: DurationLike = "5m",
+        max_attempts: int = 5,
+        retry_backoff: DurationLike = "10s",
+        retry_backoff_max: DurationLike = "1h",
+    ) -> JobQueue:
+        """The work queue ``name`` of this run's namespace, to put work in (a scheduled
+        job that fans out): ``ctx.queue("invoices").put_many(…)`` (``aput_many`` in an
+        ``async def``). The settings are those of :meth:`fleetcron.Fleet.queue`;
+        ``max_attempts`` is given to the items put."""
+        settings = QueueSettings.of(
+            visibility=visibility,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+        )
+        if self._queues is None:
+            raise ConfigurationError(
+                "ctx.queue is for jobs run in the scheduler's process (a Python job without "
+                'isolate = "process"); elsewhere open the queue with fleetcron.Fleet(...).queue'
+            )
+        return self._queues(name, settings)
 
     @property
     def checkpoint(self) -> Checkpoint:

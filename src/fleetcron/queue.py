@@ -29,6 +29,7 @@ from fleetcron.durations import DurationLike, format_duration, to_micros
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jsonvalue import encode_json
 from fleetcron.lease import new_holder
+from fleetcron.loopcall import call_on_loop
 from fleetcron.names import validate_name
 from fleetcron.portal import Portal
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
@@ -39,6 +40,7 @@ __all__ = [
     "AsyncQueue",
     "Claimed",
     "Entry",
+    "JobQueue",
     "Queue",
     "QueueSettings",
 ]
@@ -482,6 +484,46 @@ async def _wait(event: asyncio.Event, timeout_s: float) -> None:
         await asyncio.wait_for(event.wait(), timeout_s)
     except TimeoutError:
         pass
+
+
+class JobQueue:
+    """A queue as a scheduled job's run sees it (``ctx.queue(name)``): the run puts work
+    in — the fan-out of a scheduled job — through the replica's store. ``put`` and
+    ``put_many`` for a plain ``def`` job (in its thread); ``aput`` and ``aput_many`` in an
+    ``async def`` job."""
+
+    def __init__(self, core: AsyncQueue, loop: asyncio.AbstractEventLoop) -> None:
+        self.core = core
+        self.name = core.name
+        self._loop = loop
+
+    async def aput(
+        self, value: Any, *, dedupe_key: str | None = None, delay: DurationLike = 0
+    ) -> int | None:
+        """:meth:`AsyncQueue.put`."""
+        return await self.core.put(value, dedupe_key=dedupe_key, delay=delay)
+
+    async def aput_many(
+        self, values: Iterable[Any], *, dedupe_key: str | None = None, delay: DurationLike = 0
+    ) -> list[int | None]:
+        """:meth:`AsyncQueue.put_many`."""
+        return await self.core.put_many(values, dedupe_key=dedupe_key, delay=delay)
+
+    def put(
+        self, value: Any, *, dedupe_key: str | None = None, delay: DurationLike = 0
+    ) -> int | None:
+        """:meth:`aput` from a job function running in a thread."""
+        coroutine = self.aput(value, dedupe_key=dedupe_key, delay=delay)
+        return call_on_loop(self._loop, coroutine, instead="`await ctx.queue(name).aput(…)`")
+
+    def put_many(
+        self, values: Iterable[Any], *, dedupe_key: str | None = None, delay: DurationLike = 0
+    ) -> list[int | None]:
+        """:meth:`aput_many` from a job function running in a thread."""
+        # Encoded here: a bad value is refused in the job's thread, with its traceback.
+        entries = list(values)
+        coroutine = self.aput_many(entries, dedupe_key=dedupe_key, delay=delay)
+        return call_on_loop(self._loop, coroutine, instead="`await ctx.queue(name).aput_many(…)`")
 
 
 class Queue:

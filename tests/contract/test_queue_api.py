@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fleetcron import AsyncFleet, Claimed, ConfigurationError, Entry, Fleet
+from fleetcron import AsyncFleet, Claimed, ConfigurationError, Entry, Fleet, RunContext
 
 
 def test_values_round_trip_as_json_with_ids_keys_and_delays(fleet: Fleet) -> None:
@@ -159,3 +159,56 @@ async def test_the_async_worker_drains_with_several_loops(async_fleet: AsyncFlee
     assert sorted(handled) == list(range(40))
     stats = await queue.stats()
     assert (stats.done, stats.depth) == (40, 0)
+
+
+def test_a_scheduled_job_fans_out_through_ctx_queue(fleet: Fleet) -> None:
+    twice = threading.Event()
+    slots: list[int] = []
+
+    @fleet.job(every="200ms")
+    def enqueue(ctx: RunContext) -> None:
+        queue = ctx.queue("fan-out", max_attempts=3)
+        slots.append(ctx.slot_us)
+        # Each slot's items once, whichever run of the slot puts them.
+        queue.put_many(
+            Entry({"slot": ctx.slot_us, "part": n}, dedupe_key=f"{ctx.slot_us}:{n}")
+            for n in range(3)
+        )
+        assert queue.put_many([Entry(0, dedupe_key=f"{ctx.slot_us}:0")]) == [None]
+        if len(slots) >= 2:
+            twice.set()
+
+    fleet.start()
+    try:
+        assert twice.wait(30), "two runs"
+    finally:
+        fleet.stop()
+    items = fleet.queue("fan-out").items()
+    assert len(items) == 3 * len(slots)
+    assert {item.max_attempts for item in items} == {3}
+
+
+async def test_an_async_job_puts_with_aput_and_the_blocking_put_is_refused(
+    async_fleet: AsyncFleet,
+) -> None:
+    done = asyncio.Event()
+    refusals: list[str] = []
+
+    @async_fleet.job(every="200ms")
+    async def enqueue(ctx: RunContext) -> None:
+        queue = ctx.queue("async-fan-out")
+        await queue.aput({"slot": ctx.slot_us}, dedupe_key=str(ctx.slot_us))
+        try:
+            queue.put("blocked")
+        except ConfigurationError as exc:
+            refusals.append(str(exc))
+        done.set()
+
+    await async_fleet.start()
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        await async_fleet.stop()
+    stats = await async_fleet.queue("async-fan-out").stats()
+    assert stats.ready >= 1
+    assert "aput" in refusals[0]

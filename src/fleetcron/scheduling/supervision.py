@@ -33,6 +33,7 @@ from fleetcron.lease import LeaseTerms
 from fleetcron.metrics import Metrics
 from fleetcron.models import RunOutcome, RunRecord
 from fleetcron.pings import AsyncPinger, finish_ping, start_ping
+from fleetcron.queue import AsyncQueue, JobQueue
 from fleetcron.reaper import Reaper
 from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.recovery import Recovery
@@ -174,6 +175,7 @@ class Supervisor:
             logging.getLogger(f"fleetcron.job.{spec.name}"),
             {"job": spec.name, "slot_us": record.slot_us, "fence": record.fence},
         )
+        loop = asyncio.get_running_loop()  # where the store is: a job's thread calls back here
         ctx = RunContext(
             job=spec.name,
             namespace=ns,
@@ -183,8 +185,9 @@ class Supervisor:
             run_id=record.run_id,
             trigger=record.trigger,
             logger=adapter,
-            _checkpoint=Checkpoint(
-                self.store, ns, spec.name, record.fence, asyncio.get_running_loop()
+            _checkpoint=Checkpoint(self.store, ns, spec.name, record.fence, loop),
+            _queues=lambda name, settings: JobQueue(
+                AsyncQueue(self.store, ns, name, settings), loop
             ),
         )
         log.info(
