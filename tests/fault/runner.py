@@ -467,6 +467,7 @@ class RunResult:
             "seconds": round(self.seconds, 1),
             "anomalies": [str(a) for a in self.report.anomalies] if self.report else [],
             "allowed": dict(self.allowed()),
+            "operations": self.report.operations if self.report else 0,
             "grants": self.report.grants if self.report else 0,
             "writes": self.report.writes if self.report else 0,
             "rejected": self.report.rejected if self.report else 0,
