@@ -123,8 +123,9 @@ class Metrics:
         )
         self.queue_items = Counter(
             "fleetcron_queue_items",
-            "Queue items this replica's workers handled, by outcome (acked, failed: given "
-            "back to be retried, dead, lost: its claim expired before it was acknowledged).",
+            "Queue items this replica's workers claimed, and how they ended, by outcome "
+            "(claimed, acked, failed: given back to be retried, dead, lost: its claim "
+            "expired before it was acknowledged).",
             ["queue", "outcome"],
             registry=r,
         )

@@ -344,8 +344,9 @@ class AsyncQueue:
         end of the batch and give back each failure (:meth:`nack`) at once. An item whose
         claim was lost before its turn is not handled. With nothing to claim it waits
         ``idle`` (or until ``stop``) — or returns, with ``until_empty``. ``observe`` is
-        told how many items each batch ``acked``, ``failed`` (given back to be retried),
-        killed (``dead``) and ``lost`` (its claim expired before it was acknowledged)."""
+        told how many items each batch ``claimed``, ``acked``, ``failed`` (given back to
+        be retried), killed (``dead``) and ``lost`` (its claim expired before it was
+        acknowledged)."""
         size = _batch_size(batch)
         idle_s = _positive(idle, "idle") / 1e6
         while stop is None or not stop.is_set():
@@ -359,10 +360,7 @@ class AsyncQueue:
                     await _wait(stop, idle_s)
                 continue
             counts = await self._work_batch(handler, items)
-            if observe is not None:
-                for outcome, count in counts.items():
-                    if count:
-                        observe(outcome, count)
+            _report(observe, len(items), counts)
 
     async def _work_batch(self, handler: Handler, items: list[Claimed]) -> dict[str, int]:
         tally = _Tally(self.name)
@@ -454,6 +452,18 @@ class _Tally:
                     item.fence,
                     extra={"action": "queue_claim_lost", "queue": self.queue},
                 )
+
+
+def _report(
+    observe: Callable[[str, int], None] | None, claimed: int, counts: dict[str, int]
+) -> None:
+    """Tell ``observe`` what a batch came to: the items ``claimed``, then each outcome."""
+    if observe is None:
+        return
+    observe("claimed", claimed)
+    for outcome, count in counts.items():
+        if count:
+            observe(outcome, count)
 
 
 def _note_lost(live: Sequence[Claimed], answers: Sequence[int | None], lost: set[int]) -> None:
@@ -672,10 +682,7 @@ class Queue:
                     stop.wait(idle_s)
                 continue
             counts = self._work_batch(handler, items)
-            if observe is not None:
-                for outcome, count in counts.items():
-                    if count:
-                        observe(outcome, count)
+            _report(observe, len(items), counts)
 
     def _work_batch(self, handler: Handler, items: list[Claimed]) -> dict[str, int]:
         tally = _Tally(self.name)
