@@ -14,6 +14,13 @@ from fleetcron.testing import FakeClock
 
 SKEW_S = 600  # the client's wall clock runs 10 minutes ahead
 
+# The memory store's clock is this process's clock by design (its own-clock case is
+# test_a_memory_store_with_its_own_clock_ignores_the_clients_wall_clock): the stores with
+# a clock of their own.
+STORES_WITH_A_CLOCK = pytest.mark.parametrize(
+    "backend_url", ["sqlite", "postgres", "mysql", "redis"], indirect=True
+)
+
 
 @pytest.fixture
 def skewed_client_clock(monkeypatch: pytest.MonkeyPatch) -> int:
@@ -28,14 +35,10 @@ def skewed_client_clock(monkeypatch: pytest.MonkeyPatch) -> int:
     return real_time_ns() // 1_000
 
 
+@STORES_WITH_A_CLOCK
 def test_a_client_clock_ten_minutes_ahead_neither_frees_a_lease_early_nor_shifts_its_times(
-    backend_url: str, store: SyncStore, namespace: str, skewed_client_clock: int
+    store: SyncStore, namespace: str, skewed_client_clock: int
 ) -> None:
-    if backend_url.startswith("memory://"):
-        pytest.skip(
-            "the memory store's clock is this process's clock by design; "
-            "see test_a_memory_store_with_its_own_clock_ignores_the_clients_wall_clock"
-        )
     real_now = skewed_client_clock
     assert abs(time.time_ns() // 1_000 - real_now - SKEW_S * 1_000_000) < 5_000_000
 
@@ -55,11 +58,10 @@ def test_a_client_clock_ten_minutes_ahead_neither_frees_a_lease_early_nor_shifts
     assert taken.fence > first.fence
 
 
+@STORES_WITH_A_CLOCK
 def test_a_skewed_client_clock_does_not_change_what_the_lock_api_does(
-    backend_url: str, fleet: Fleet, skewed_client_clock: int
+    fleet: Fleet, skewed_client_clock: int
 ) -> None:
-    if backend_url.startswith("memory://"):
-        pytest.skip("the memory store's clock is this process's clock by design")
 
     lease = fleet.try_lock("job", lock_at_most="10s", keepalive=False)
 
