@@ -29,12 +29,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleetcron.models import job_lease_name
 from fleetcron.stores import SyncStore
 from fleetcron.stores.threaded import ThreadedAsyncStore
 from fleetcron.web import create_app
 from fleetcron.web.app import LOOPBACK_HOSTS
 from security.asgi import Asgi
-from security.fuzzing import budget, fuzz, lookalikes, name_problems, names, nfc
+from security.fuzzing import budget, fuzz, job_names, lookalikes, name_problems, nfc
 
 TOKEN = "web-token-7d3f0a9c51b2e8e4"
 S = 1_000_000
@@ -149,8 +150,12 @@ def _state(store: SyncStore, namespace: str, jobs: list[str]) -> object:
 
 @st.composite
 def _cases(draw: st.DrawFn) -> tuple[str, str, str, str, str]:
-    job = draw(names())
-    others = [nfc(f) for f in lookalikes(job) if not name_problems(f) and nfc(f) != job]
+    job = draw(job_names())  # the dashboard serves job names only (≤ 186 characters)
+    others = [
+        nfc(f)
+        for f in lookalikes(job)
+        if not name_problems(job_lease_name(nfc(f))) and nfc(f) != job
+    ]
     lookalike = (
         draw(st.sampled_from(others)) if others else ("y" if job[0] == "x" else "x") + job[1:]
     )
