@@ -43,13 +43,13 @@ __all__ = [
     "JobQueue",
     "Queue",
     "QueueSettings",
+    "wait_set",
 ]
 
 MAX_ITEM_BYTES = 1_048_576
 """The largest item, as UTF-8 JSON text (1 MiB): a queue carries work, not data."""
 MAX_BATCH = 10_000
 """The most items one put, claim or acknowledgement may carry."""
-MAX_DEDUPE_KEY_LENGTH = 200
 
 Handler: TypeAlias = Callable[["Claimed"], Any]
 """A worker's handler: called with each item; returning is success, raising is failure.
@@ -172,7 +172,7 @@ def encode(value: Any, *, where: str = "item") -> str:
 def _dedupe_key(key: object, where: str) -> str | None:
     if key is None:
         return None
-    return validate_name(key, what=f"{where}: dedupe key")[:MAX_DEDUPE_KEY_LENGTH]
+    return validate_name(key, what=f"{where}: dedupe key")
 
 
 def to_puts(
@@ -205,6 +205,39 @@ def claimed(item: QueueItem) -> Claimed:
         fence=item.fence,
         attempt=item.attempts,
         item=item,
+    )
+
+
+def _nack_of(
+    settings: QueueSettings,
+    item: Claimed,
+    error: BaseException | str,
+    retry_in: DurationLike | None,
+) -> QueueNack:
+    """The give-back of ``item``: claimable again after ``retry_in``, or the queue's
+    back-off for the attempt it failed."""
+    wait = (
+        settings.backoff_us(item.attempt)
+        if retry_in is None
+        else _not_negative(retry_in, "retry_in")
+    )
+    return QueueNack(
+        item_id=item.item_id, fence=item.fence, error=_error_text(error), retry_in_us=wait
+    )
+
+
+def _empty_stats(namespace: str, queue: str, now_us: int) -> QueueStats:
+    """The standing of a queue that holds nothing."""
+    return QueueStats(
+        namespace=namespace,
+        queue=queue,
+        ready=0,
+        scheduled=0,
+        claimed=0,
+        done=0,
+        dead=0,
+        oldest_us=None,
+        now_us=now_us,
     )
 
 
@@ -275,14 +308,7 @@ class AsyncQueue:
         """Give a delivery back as failed: claimable again after ``retry_in`` (the queue's
         back-off for its attempt, by default), or ``dead`` once its attempts are used up.
         The new state, or ``None`` when the claim was lost already."""
-        wait = (
-            self.settings.backoff_us(item.attempt)
-            if retry_in is None
-            else _not_negative(retry_in, "retry_in")
-        )
-        nack = QueueNack(
-            item_id=item.item_id, fence=item.fence, error=_error_text(error), retry_in_us=wait
-        )
+        nack = _nack_of(self.settings, item, error, retry_in)
         (state,) = await self.store.run(
             self.store.ops.queue_nack(self.namespace, self.name, [nack])
         )
@@ -304,14 +330,19 @@ class AsyncQueue:
     async def stats(self) -> QueueStats:
         """How the queue stands now (all zero when it holds nothing)."""
         found = await self.store.run(self.store.ops.queue_stats(self.namespace, self.name))
-        return found[0] if found else await self._empty_stats()
+        if found:
+            return found[0]
+        return _empty_stats(
+            self.namespace, self.name, await self.store.run(self.store.ops.store_now())
+        )
 
     async def items(
         self, *, states: Sequence[str] | None = None, limit: int = 100
     ) -> list[QueueItem]:
         """The queue's items in ``states`` (any, by default), newest first."""
+        size = _batch_size(limit, "limit")
         return await self.store.run(
-            self.store.ops.queue_list(self.namespace, self.name, states, limit)
+            self.store.ops.queue_list(self.namespace, self.name, states, size)
         )
 
     async def requeue(self, item_ids: Sequence[int]) -> int:
@@ -357,7 +388,7 @@ class AsyncQueue:
                 if stop is None:
                     await asyncio.sleep(idle_s)
                 else:
-                    await _wait(stop, idle_s)
+                    await wait_set(stop, idle_s)
                 continue
             counts = await self._work_batch(handler, items)
             _report(observe, len(items), counts)
@@ -398,20 +429,6 @@ class AsyncQueue:
 
     def _visibility(self, visibility: DurationLike | None) -> int:
         return _visibility(self.settings, visibility)
-
-    async def _empty_stats(self) -> QueueStats:
-        now = await self.store.run(self.store.ops.store_now())
-        return QueueStats(
-            namespace=self.namespace,
-            queue=self.name,
-            ready=0,
-            scheduled=0,
-            claimed=0,
-            done=0,
-            dead=0,
-            oldest_us=None,
-            now_us=now,
-        )
 
 
 class _Tally:
@@ -489,7 +506,8 @@ async def _call(handler: Handler, item: Claimed) -> None:
         await result
 
 
-async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+async def wait_set(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait until ``event`` is set, or ``timeout_s`` has passed."""
     try:
         await asyncio.wait_for(event.wait(), timeout_s)
     except TimeoutError:
@@ -597,14 +615,7 @@ class Queue:
         self, item: Claimed, error: BaseException | str, *, retry_in: DurationLike | None = None
     ) -> str | None:
         """Give a delivery back as failed (see :meth:`AsyncQueue.nack`)."""
-        wait = (
-            self.settings.backoff_us(item.attempt)
-            if retry_in is None
-            else _not_negative(retry_in, "retry_in")
-        )
-        nack = QueueNack(
-            item_id=item.item_id, fence=item.fence, error=_error_text(error), retry_in_us=wait
-        )
+        nack = _nack_of(self.settings, item, error, retry_in)
         (state,) = self.store.run(self.store.ops.queue_nack(self.namespace, self.name, [nack]))
         return state
 
@@ -612,11 +623,7 @@ class Queue:
         """Hold deliveries longer (see :meth:`AsyncQueue.extend`)."""
         if not items:
             return []
-        ttl = (
-            self.settings.visibility_us
-            if visibility is None
-            else _positive(visibility, "visibility")
-        )
+        ttl = _visibility(self.settings, visibility)
         pairs = [item.claim for item in items]
         return self.store.run(self.store.ops.queue_extend(self.namespace, self.name, pairs, ttl))
 
@@ -625,21 +632,12 @@ class Queue:
         found = self.store.run(self.store.ops.queue_stats(self.namespace, self.name))
         if found:
             return found[0]
-        return QueueStats(
-            namespace=self.namespace,
-            queue=self.name,
-            ready=0,
-            scheduled=0,
-            claimed=0,
-            done=0,
-            dead=0,
-            oldest_us=None,
-            now_us=self.store.run(self.store.ops.store_now()),
-        )
+        return _empty_stats(self.namespace, self.name, self.store.run(self.store.ops.store_now()))
 
     def items(self, *, states: Sequence[str] | None = None, limit: int = 100) -> list[QueueItem]:
         """The queue's items in ``states`` (any, by default), newest first."""
-        return self.store.run(self.store.ops.queue_list(self.namespace, self.name, states, limit))
+        size = _batch_size(limit, "limit")
+        return self.store.run(self.store.ops.queue_list(self.namespace, self.name, states, size))
 
     def requeue(self, item_ids: Sequence[int]) -> int:
         """Give dead items their deliveries back; how many were dead."""

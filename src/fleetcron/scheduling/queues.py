@@ -33,7 +33,7 @@ from fleetcron.durations import to_micros
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import import_call, one_line
 from fleetcron.names import validate_name
-from fleetcron.queue import MAX_BATCH, AsyncQueue, QueueSettings
+from fleetcron.queue import MAX_BATCH, AsyncQueue, QueueSettings, wait_set
 from fleetcron.stores.base import AsyncStore
 
 __all__ = ["QUEUE_KEYS", "QueueSpec", "QueueWorkers", "load_queue_specs"]
@@ -199,7 +199,7 @@ class QueueWorkers:
                     exc,
                     extra={"action": "queue_store_error", "queue": spec.name},
                 )
-                await _wait(self._stop, spec.idle_us / 1e6 + 1)
+                await wait_set(self._stop, spec.idle_us / 1e6 + 1)
 
     async def _stats(self) -> None:
         assert self._on_stats is not None
@@ -208,7 +208,7 @@ class QueueWorkers:
                 self._on_stats([await queue.stats() for _spec, queue in self._queues])
             except StoreError:
                 pass  # the workers report the outage
-            await _wait(self._stop, STATS_EVERY_S)
+            await wait_set(self._stop, STATS_EVERY_S)
 
     async def stop(self, grace_s: float) -> None:
         """Stop claiming; let each worker finish its batch for up to ``grace_s``, then
@@ -236,10 +236,3 @@ class QueueWorkers:
                     task.exception(),
                     extra={"action": "queue_worker_failed"},
                 )
-
-
-async def _wait(event: asyncio.Event, timeout_s: float) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), timeout_s)
-    except TimeoutError:
-        pass
