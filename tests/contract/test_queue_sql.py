@@ -301,6 +301,90 @@ def test_a_claim_skips_an_item_another_transaction_holds_without_waiting_for_it(
     assert [item.item_id for item in claim(store, namespace, 3)] == ids[:1]
 
 
+# -- PostgreSQL plans that do not hang on statistics --------------------------------------------
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(node for child in plan.get("Plans", []) for node in _plan_nodes(child))]
+
+
+@pytest.mark.parametrize("backend_url", ["postgres"], indirect=True)
+def test_postgres_serves_a_queue_its_statistics_have_not_seen_through_the_right_indexes(
+    backend_url: str, store: SyncStore, namespace: str
+) -> None:
+    """A queue new to the statistics is estimated at one row; the claim must still walk
+    the claim index in order (no sort of the whole queue) and an ack or extend must find
+    its items by primary key (not read the whole queue to match ids). The plans are the
+    ones the queue functions really run, as auto_explain reports them."""
+    import psycopg
+
+    from fleetcron.stores.sql.files import load_queries
+    from fleetcron.stores.sql.queue import _claim_params
+
+    queries = load_queries("postgres")
+    with psycopg.connect(backend_url, autocommit=True) as pg:
+        pg.execute("ANALYZE fleetcron_queue_item")  # the statistics, before this queue
+        put(store, namespace, [QueuePut(payload=str(n)) for n in range(3000)])
+        held = claim(store, namespace, 100)
+
+        notices: list[str] = []
+        pg.add_notice_handler(lambda notice: notices.append(notice.message_primary or ""))
+        pg.execute("LOAD 'auto_explain'")
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_nested_statements = on",
+            "auto_explain.log_format = json",
+            "auto_explain.log_level = notice",
+        ):
+            pg.execute(f"SET {setting}")
+
+        def plan(name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+            """The nodes of the plan of the statement inside the function ``name`` calls."""
+            notices.clear()
+            pg.execute(queries[name], params).fetchall()
+            inner = [
+                json.loads(text[text.index("{") :])
+                for text in notices
+                if "UPDATE fleetcron_queue_item" in text
+            ]
+            assert len(inner) == 1, notices
+            return _plan_nodes(inner[0]["Plan"])
+
+        claim_nodes = plan("queue_claim", _claim_params(namespace, "q", "h2", 100, LONG))
+        picked = [
+            n
+            for n in claim_nodes
+            if n.get("Node Type") == "Index Scan" and "live" in n.get("Index Cond", "")
+        ]
+        assert [n["Index Name"] for n in picked] == ["fleetcron_queue_item_live"], claim_nodes
+        sorts = [
+            n
+            for n in claim_nodes
+            if "Sort" in n["Node Type"] and "available_us" in str(n.get("Sort Key"))
+        ]
+        assert not sorts, "the claim sorts the queue"
+
+        claims = json.dumps([[item.item_id, item.fence] for item in held])
+        for name, extra in [
+            ("queue_extend", {"claims": claims, "visibility_us": LONG}),
+            ("queue_ack", {"claims": claims}),
+        ]:
+            nodes = plan(name, {"namespace": namespace, "queue": "q", **extra})
+            reads = [
+                n
+                for n in nodes
+                if n.get("Relation Name") == "fleetcron_queue_item"
+                and n["Node Type"] != "ModifyTable"
+            ]
+            found = [n for n in nodes if "Index Name" in n]
+            assert reads, (name, nodes)
+            assert all("Index" in n["Node Type"] or "Bitmap" in n["Node Type"] for n in reads), (
+                name,
+                reads,
+            )
+            assert {n["Index Name"] for n in found} == {"fleetcron_queue_item_pkey"}, (name, found)
+
+
 # -- the MySQL retry of a deadlocked transaction ------------------------------------------------
 
 

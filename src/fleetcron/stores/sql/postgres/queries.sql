@@ -401,131 +401,46 @@ DELETE FROM fleetcron_replica
  WHERE namespace = %(namespace)s AND replica_id = %(replica_id)s;
 
 -- ---------------------------------------------------------------------------------------
--- The work queue (docs/design/queue.md), one statement per operation, at one reading of
--- clock_timestamp() (the `now` CTE, evaluated once). Item rows are (id, dedupe_key,
--- payload, state, attempts, max_attempts, fence, holder, available_us, created_us,
--- finished_us, error, now_us). Batches come as one JSON array, unpacked server-side; the
--- operation has already dropped the repeats of an item within a batch. An item is held
--- while it is claimed and its claim (available_us) has not expired.
+-- The work queue (docs/design/queue.md). Item rows are (id, dedupe_key, payload, state,
+-- attempts, max_attempts, fence, holder, available_us, created_us, finished_us, error,
+-- now_us). Batches come as one JSON array, unpacked server-side; the operation has
+-- already dropped the repeats of an item within a batch. An item is held while it is
+-- claimed and its claim (available_us) has not expired. put, claim, extend, ack and nack
+-- are functions (schema.sql): planned once per connection. The others are one statement
+-- each, at one reading of clock_timestamp().
+--
+-- Plans that do not hang on statistics: a queue the statistics have not seen yet (new, or
+-- flooded since the last ANALYZE) is estimated at one row, and any index leading with
+-- (namespace, queue) then looks as cheap as the right one, though it reads the whole
+-- queue. So the claim asks for `live`, which only the claim index leads with after the
+-- queue, and the statements that name items by id compare the queue with IS NOT DISTINCT
+-- FROM, which no index serves: the primary key is their way in.
 
 -- name: queue_put
--- Items are [payload, dedupe_key, delay_us, max_attempts]. Each item gets a new id from
--- the identity's sequence, paired by rank (the smallest to the first item), so ids
--- increase in input order whatever order the rows go in. They go in by dedupe key: an item
--- whose key the queue has is skipped, and one whose key a concurrent call is putting waits
--- for that call, so every call waits for keys in one order and two never deadlock.
-WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
-k AS (SELECT e.item, e.ord
-        FROM jsonb_array_elements(%(items)s::jsonb) WITH ORDINALITY AS e(item, ord)),
-ids AS (
-    SELECT row_number() OVER (ORDER BY s.id) AS ord, s.id
-      FROM (SELECT nextval(seq.name) AS id
-              FROM k, (SELECT pg_get_serial_sequence('fleetcron_queue_item', 'id') AS name)
-                      AS seq) AS s
-)
-INSERT INTO fleetcron_queue_item
-    (id, namespace, queue, dedupe_key, payload, state, attempts, max_attempts, fence,
-     holder, available_us, created_us)
-OVERRIDING SYSTEM VALUE
-SELECT ids.id, %(namespace)s, %(queue)s, k.item->>1, k.item->>0, 'ready', 0,
-       (k.item->>3)::integer, 0, NULL, now.us + (k.item->>2)::bigint, now.us
-  FROM k JOIN ids ON ids.ord = k.ord CROSS JOIN now
- ORDER BY (k.item->>1) COLLATE "C", k.ord
-ON CONFLICT (namespace, queue, dedupe_key) DO NOTHING
-RETURNING id, dedupe_key;
+SELECT * FROM fleetcron_queue_put(%(namespace)s::text, %(queue)s::text, %(items)s::jsonb);
 
 -- name: queue_claim
--- picked: up to `limit` claimable items, oldest available_us first, then lowest id,
--- locked; rows another claim has locked are skipped, so claimers never wait on each other
--- and never share an item. Each picked item whose expired claim used up its deliveries
--- dies; the others are delivered. Returns the delivered rows in claim order.
-WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
-picked AS (
-    SELECT i.id, i.available_us AS was,
-           i.state = 'claimed' AND i.attempts >= i.max_attempts AS dies
-      FROM fleetcron_queue_item AS i
-     WHERE i.namespace = %(namespace)s AND i.queue = %(queue)s
-       AND i.state IN ('ready', 'claimed')
-       AND i.available_us <= (SELECT us FROM now)
-     ORDER BY i.available_us, i.id
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-),
-killed AS (
-    UPDATE fleetcron_queue_item AS i
-       SET state = 'dead', finished_us = now.us,
-           error = %(expired_head)s || i.attempts || %(expired_tail)s
-      FROM picked, now
-     WHERE i.id = picked.id AND picked.dies
-),
-delivered AS (
-    UPDATE fleetcron_queue_item AS i
-       SET state = 'claimed', attempts = i.attempts + 1,
-           fence = greatest(i.fence + 1, now.us), holder = %(holder)s,
-           available_us = now.us + %(visibility_us)s
-      FROM picked, now
-     WHERE i.id = picked.id AND NOT picked.dies
-    RETURNING picked.was, i.id, i.dedupe_key, i.payload, i.state, i.attempts,
-              i.max_attempts, i.fence, i.holder, i.available_us, i.created_us,
-              i.finished_us, i.error, now.us
-)
-SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
-       created_us, finished_us, error, us
-  FROM delivered
- ORDER BY was, id;
+SELECT * FROM fleetcron_queue_claim(
+    %(namespace)s::text, %(queue)s::text, %(holder)s::text, %(limit)s::integer,
+    %(visibility_us)s::bigint, %(expired_head)s::text, %(expired_tail)s::text);
 
 -- name: queue_extend
--- Claims are [item_id, fence]; returns (id, fence) of each held item extended. A row a
--- concurrent claim is taking is waited for and checked again as it is then.
-WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
-c AS (SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS fence
-        FROM jsonb_array_elements(%(claims)s::jsonb) AS e)
-UPDATE fleetcron_queue_item AS i
-   SET available_us = now.us + %(visibility_us)s
-  FROM c, now
- WHERE i.id = c.id AND i.fence = c.fence
-   AND i.namespace = %(namespace)s AND i.queue = %(queue)s
-   AND i.state = 'claimed' AND i.available_us > now.us
-RETURNING i.id, i.fence, i.available_us;
+SELECT * FROM fleetcron_queue_extend(
+    %(namespace)s::text, %(queue)s::text, %(claims)s::jsonb, %(visibility_us)s::bigint);
 
 -- name: queue_ack
-WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
-c AS (SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS fence
-        FROM jsonb_array_elements(%(claims)s::jsonb) AS e)
-UPDATE fleetcron_queue_item AS i
-   SET state = 'done', finished_us = now.us
-  FROM c, now
- WHERE i.id = c.id AND i.fence = c.fence
-   AND i.namespace = %(namespace)s AND i.queue = %(queue)s
-   AND i.state = 'claimed' AND i.available_us > now.us
-RETURNING i.id, i.fence;
+SELECT * FROM fleetcron_queue_ack(%(namespace)s::text, %(queue)s::text, %(claims)s::jsonb);
 
 -- name: queue_nack
--- Nacks are [item_id, fence, error, retry_in_us]: a held item with no delivery left dies
--- (holder and claim expiry kept), another is ready again after its backoff, without holder.
-WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
-n AS (SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS fence, e->>2 AS error,
-             (e->>3)::bigint AS retry_in_us
-        FROM jsonb_array_elements(%(nacks)s::jsonb) AS e)
-UPDATE fleetcron_queue_item AS i
-   SET state = CASE WHEN i.attempts >= i.max_attempts THEN 'dead' ELSE 'ready' END,
-       finished_us = CASE WHEN i.attempts >= i.max_attempts THEN now.us END,
-       holder = CASE WHEN i.attempts >= i.max_attempts THEN i.holder END,
-       available_us = CASE WHEN i.attempts >= i.max_attempts THEN i.available_us
-                           ELSE now.us + n.retry_in_us END,
-       error = n.error
-  FROM n, now
- WHERE i.id = n.id AND i.fence = n.fence
-   AND i.namespace = %(namespace)s AND i.queue = %(queue)s
-   AND i.state = 'claimed' AND i.available_us > now.us
-RETURNING i.id, i.fence, i.state;
+SELECT * FROM fleetcron_queue_nack(%(namespace)s::text, %(queue)s::text, %(nacks)s::jsonb);
 
 -- name: queue_get
 SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
        created_us, finished_us, error,
        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
   FROM fleetcron_queue_item
- WHERE namespace = %(namespace)s AND queue = %(queue)s AND id = %(item_id)s;
+ WHERE id = %(item_id)s
+   AND (namespace, queue) IS NOT DISTINCT FROM (%(namespace)s, %(queue)s);
 
 -- name: queue_list
 -- states: a JSON array of states, or NULL for any.
@@ -587,7 +502,8 @@ requeued AS (
        SET state = 'ready', attempts = 0, holder = NULL, available_us = now.us,
            finished_us = NULL
       FROM now
-     WHERE i.namespace = %(namespace)s AND i.queue = %(queue)s AND i.state = 'dead'
+     WHERE (i.namespace, i.queue) IS NOT DISTINCT FROM (%(namespace)s, %(queue)s)
+       AND i.state = 'dead'
        AND i.id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb)::bigint)
     RETURNING 1
 )
