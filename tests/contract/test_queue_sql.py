@@ -365,10 +365,11 @@ def test_postgres_serves_a_queue_its_statistics_have_not_seen_through_the_right_
         assert not sorts, "the claim sorts the queue"
 
         claims = json.dumps([[item.item_id, item.fence] for item in held])
-        for name, extra in [
+        by_id: list[tuple[str, dict[str, Any]]] = [
             ("queue_extend", {"claims": claims, "visibility_us": LONG}),
             ("queue_ack", {"claims": claims}),
-        ]:
+        ]
+        for name, extra in by_id:
             nodes = plan(name, {"namespace": namespace, "queue": "q", **extra})
             reads = [
                 n
