@@ -1,11 +1,14 @@
-"""Helpers shared by the contract tests: reading the store's clock and waiting on it."""
+"""Helpers shared by the contract tests: reading the store's clock and waiting on it, and
+starting contender processes together."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from fleetcron.models import LeaseRecord
 from fleetcron.stores import SyncStore
@@ -83,3 +86,33 @@ def eventually(probe: Callable[[], T | None], *, timeout: float = 10.0, every: f
             return value
         assert time.monotonic() < give_up, "condition not reached in time"
         time.sleep(every)
+
+
+def run_together(commands: Sequence[list[str]], role: str) -> list[Any]:
+    """Start one process per command, wait until every one has said ``ready`` (connected),
+    tell them all ``go``, and return each one's JSON answer from its stdout, in order. A
+    process that fails to start, fails or outlives 60 s fails the test; none is left
+    running."""
+    workers = [
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for command in commands
+    ]
+    try:
+        for worker in workers:  # every one connected before any starts
+            assert worker.stdout is not None
+            assert worker.stdout.readline().strip() == "ready", f"a {role} did not start"
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        results = []
+        for worker in workers:
+            out, _ = worker.communicate(timeout=60)
+            assert worker.returncode == 0, f"a {role} failed (exit {worker.returncode})"
+            results.append(json.loads(out))
+        return results
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from contract.contract_support import must_acquire, release
+from contract.contract_support import must_acquire, release, run_together
 from contract.ledgerworker import work
 from fleetcron.models import (
     CLAIM_STATUSES,
@@ -407,34 +406,11 @@ def _claim_in_processes(
     url: str, namespace: str, slots: list[tuple[str, int, bool]], contenders: int
 ) -> list[dict[str, Any]]:
     spec = json.dumps(slots)
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), url, namespace, f"replica-{index}", str(index), spec],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+    commands = [
+        [sys.executable, str(WORKER), url, namespace, f"replica-{index}", str(index), spec]
         for index in range(contenders)
     ]
-    try:
-        for worker in workers:  # every replica connected before any starts
-            assert worker.stdout is not None
-            assert worker.stdout.readline().strip() == "ready", "a replica did not start"
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        results = []
-        for worker in workers:
-            out, _ = worker.communicate(timeout=60)
-            assert worker.returncode == 0, f"a replica failed (exit {worker.returncode})"
-            results.append(json.loads(out))
-        return results
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    return run_together(commands, "replica")
 
 
 @pytest.mark.slow

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from contract.contract_support import run_together
 from contract.lockworker import contend
 from fleetcron import Fleet
 from fleetcron.stores.memory import MemoryStore
@@ -19,34 +18,8 @@ WORKER = Path(__file__).with_name("lockworker.py")
 
 
 def _run_processes(url: str, namespace: str, counter: Path) -> list[dict[str, object]]:
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), url, namespace, "shared", str(counter), str(ATTEMPTS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(CONTENDERS)
-    ]
-    try:
-        for worker in workers:  # every contender connected before any starts
-            assert worker.stdout is not None
-            assert worker.stdout.readline().strip() == "ready"
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        results = []
-        for worker in workers:
-            out, _ = worker.communicate(timeout=60)
-            assert worker.returncode == 0, f"a contender failed (exit {worker.returncode})"
-            results.append(json.loads(out))
-        return results
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    command = [sys.executable, str(WORKER), url, namespace, "shared", str(counter), str(ATTEMPTS)]
+    return run_together([command] * CONTENDERS, "contender")
 
 
 def _run_threads(namespace: str, counter: Path) -> list[dict[str, object]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from contract.contract_support import run_together
 from contract.queueworker import drain
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut
 from fleetcron.stores import SyncStore
@@ -391,34 +391,11 @@ def test_prune_is_bounded_and_takes_the_oldest_finished_first(q: Queue) -> None:
 
 
 def _claimers(url: str, namespace: str, queue: str, count: int) -> list[dict[str, Any]]:
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), url, namespace, queue, f"claimer-{index}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+    commands = [
+        [sys.executable, str(WORKER), url, namespace, queue, f"claimer-{index}"]
         for index in range(count)
     ]
-    try:
-        for worker in workers:
-            assert worker.stdout is not None
-            assert worker.stdout.readline().strip() == "ready", "a claimer did not start"
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        results = []
-        for worker in workers:
-            out, _ = worker.communicate(timeout=60)
-            assert worker.returncode == 0, f"a claimer failed (exit {worker.returncode})"
-            results.append(json.loads(out))
-        return results
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    return run_together(commands, "claimer")
 
 
 @pytest.mark.slow
