@@ -275,7 +275,12 @@ class AsyncQueue:
     ) -> list[int | None]:
         """Queue many values (or :class:`Entry` items) in one round trip; each one's id,
         or ``None`` for one whose dedupe key is taken."""
-        puts = to_puts(values, self.settings, dedupe_key=dedupe_key, delay=delay)
+        return await self.put_encoded(
+            to_puts(values, self.settings, dedupe_key=dedupe_key, delay=delay)
+        )
+
+    async def put_encoded(self, puts: list[QueuePut]) -> list[int | None]:
+        """Queue items :func:`to_puts` has encoded already (one round trip)."""
         if not puts:
             return []
         return await self.store.run(self.store.ops.queue_put(self.namespace, self.name, puts))
@@ -287,7 +292,7 @@ class AsyncQueue:
         queue's, by default) unless extended. Fewer than ``batch`` (or none) when fewer
         are claimable; never waits."""
         size = _batch_size(batch)
-        ttl = self._visibility(visibility)
+        ttl = _visibility(self.settings, visibility)
         items = await self.store.run(
             self.store.ops.queue_claim(self.namespace, self.name, self.holder, size, ttl)
         )
@@ -322,7 +327,7 @@ class AsyncQueue:
         if not items:
             return []
         pairs = [item.claim for item in items]
-        ttl = self._visibility(visibility)
+        ttl = _visibility(self.settings, visibility)
         return await self.store.run(
             self.store.ops.queue_extend(self.namespace, self.name, pairs, ttl)
         )
@@ -426,9 +431,6 @@ class AsyncQueue:
                 _renewal_failed(self.name, exc)
                 continue
             _note_lost(live, answers, lost)
-
-    def _visibility(self, visibility: DurationLike | None) -> int:
-        return _visibility(self.settings, visibility)
 
 
 class _Tally:
@@ -541,16 +543,17 @@ class JobQueue:
         self, value: Any, *, dedupe_key: str | None = None, delay: DurationLike = 0
     ) -> int | None:
         """:meth:`aput` from a job function running in a thread."""
-        coroutine = self.aput(value, dedupe_key=dedupe_key, delay=delay)
-        return call_on_loop(self._loop, coroutine, instead="`await ctx.queue(name).aput(…)`")
+        (answer,) = self.put_many([Entry(value, dedupe_key, delay)])
+        return answer
 
     def put_many(
         self, values: Iterable[Any], *, dedupe_key: str | None = None, delay: DurationLike = 0
     ) -> list[int | None]:
         """:meth:`aput_many` from a job function running in a thread."""
-        # Encoded here: a bad value is refused in the job's thread, with its traceback.
-        entries = list(values)
-        coroutine = self.aput_many(entries, dedupe_key=dedupe_key, delay=delay)
+        # Encoded here, in the job's thread: a bad value is refused there, with its
+        # traceback, and the encoding's CPU stays off the replica's event loop.
+        puts = to_puts(values, self.core.settings, dedupe_key=dedupe_key, delay=delay)
+        coroutine = self.core.put_encoded(puts)
         return call_on_loop(self._loop, coroutine, instead="`await ctx.queue(name).aput_many(…)`")
 
 
@@ -594,11 +597,7 @@ class Queue:
     def claim(self, batch: int = 1, *, visibility: DurationLike | None = None) -> list[Claimed]:
         """Claim up to ``batch`` items (see :meth:`AsyncQueue.claim`)."""
         size = _batch_size(batch)
-        ttl = (
-            self.settings.visibility_us
-            if visibility is None
-            else _positive(visibility, "visibility")
-        )
+        ttl = _visibility(self.settings, visibility)
         items = self.store.run(
             self.store.ops.queue_claim(self.namespace, self.name, self.holder, size, ttl)
         )

@@ -118,15 +118,21 @@ _ORDER = {"overdue": 0, "stuck": 1, "failing": 2, "unknown": 3, "running": 4, "o
 
 
 def read_status(
-    ops: Operations, namespace: str, jobs: Sequence[str] | None = None, *, history: int = HISTORY
+    ops: Operations,
+    namespace: str,
+    jobs: Sequence[str] | None = None,
+    *,
+    history: int = HISTORY,
+    queues: bool = True,
 ) -> Operation[FleetStatus]:
     """Read the health of ``jobs`` (all when ``None``), worst first, with the namespace's
-    leases, its alert markers apart, and its replicas (up, and gone within
-    :data:`REPLICA_RETAIN_US`)."""
+    leases, its alert markers apart, its replicas (up, and gone within
+    :data:`REPLICA_RETAIN_US`) and, unless ``queues`` is false (a reader that shows no
+    queue spares the store their count), its queues."""
     rows = yield from ops.job_list(namespace)
     leases = yield from ops.lease_list(namespace)
     replicas = yield from ops.replica_list(namespace, REPLICA_RETAIN_US)
-    queues = yield from ops.queue_stats(namespace, None)
+    queue_stats = (yield from ops.queue_stats(namespace, None)) if queues else []
     if isinstance(jobs, str):
         jobs = [jobs]  # one job's name, not the characters of it
     wanted = set(jobs) if jobs is not None else None
@@ -151,7 +157,7 @@ def read_status(
         leases=tuple(shown_leases(leases)),
         markers=tuple(lease for lease in leases if is_alert_marker(lease.name)),
         replicas=tuple(replicas),
-        queues=tuple(queues),
+        queues=tuple(queue_stats),
     )
 
 

@@ -224,7 +224,9 @@ class Monitor:
         try:
             if not await self._hold():
                 return None
-            status = await self.store.run(read_status(self.store.ops, self.namespace, self.jobs))
+            status = await self.store.run(
+                read_status(self.store.ops, self.namespace, self.jobs, queues=False)
+            )
         except StoreError as exc:
             log.debug("monitor: %s", exc, extra={"action": "monitor_failed"})
             return None

@@ -200,6 +200,15 @@ class QueueWorkers:
                     extra={"action": "queue_store_error", "queue": spec.name},
                 )
                 await wait_set(self._stop, spec.idle_us / 1e6 + 1)
+            except Exception:
+                # Not the handler's (work gives those back): a fault of the loop itself.
+                # Said at once, not at shutdown, and the replica keeps its worker.
+                log.exception(
+                    "queue %s: worker failed; restarting it",
+                    spec.name,
+                    extra={"action": "queue_worker_failed", "queue": spec.name},
+                )
+                await wait_set(self._stop, spec.idle_us / 1e6 + 1)
 
     async def _stats(self) -> None:
         assert self._on_stats is not None

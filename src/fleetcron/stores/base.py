@@ -63,6 +63,7 @@ __all__ = [
     "Statement",
     "SyncStore",
     "acquired_record",
+    "as_text",
     "connect_error",
     "drive",
     "drive_async",
@@ -515,8 +516,8 @@ def rows_to_records(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[Lea
     return [
         LeaseRecord(
             namespace=namespace,
-            name=_text(row[0]),
-            holder=_text(row[1]),
+            name=as_text(row[0]),
+            holder=as_text(row[1]),
             fence=int(row[2]),
             acquired_us=int(row[3]),
             expires_us=int(row[4]),
@@ -534,22 +535,22 @@ def rows_to_runs(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[RunRec
     return [
         RunRecord(
             namespace=namespace,
-            job=_text(row[0]),
+            job=as_text(row[0]),
             slot_us=int(row[1]),
-            state=_text(row[2]),
+            state=as_text(row[2]),
             attempt=int(row[3]),
             fence=int(row[4]),
-            holder=_text(row[5]),
-            run_id=_text(row[6]),
-            trigger=_text(row[7]),
+            holder=as_text(row[5]),
+            run_id=as_text(row[6]),
+            trigger=as_text(row[7]),
             started_us=_int(row[8]),
             finished_us=_int(row[9]),
             expires_us=_int(row[10]),
             retry_at_us=_int(row[11]),
             cancel_requested=bool(row[12]),
             exit_code=_int(row[13]),
-            error=None if row[14] is None else _text(row[14]),
-            output=None if row[15] is None else _text(row[15]),
+            error=None if row[14] is None else as_text(row[14]),
+            output=None if row[15] is None else as_text(row[15]),
             now_us=int(row[16]),
         )
         for row in rows
@@ -562,10 +563,10 @@ def rows_to_jobs(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[JobRec
     return [
         JobRecord(
             namespace=namespace,
-            job=_text(row[0]),
+            job=as_text(row[0]),
             paused=bool(row[1]),
-            definition=_text(row[2]),
-            fingerprint=_text(row[3]),
+            definition=as_text(row[2]),
+            fingerprint=as_text(row[3]),
             high_water_us=_int(row[4]),
             last_success_us=_int(row[5]),
             last_failure_us=_int(row[6]),
@@ -582,12 +583,12 @@ def rows_to_replicas(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[Re
     return [
         ReplicaRecord(
             namespace=namespace,
-            replica_id=_text(row[0]),
-            host=_text(row[1]),
+            replica_id=as_text(row[0]),
+            host=as_text(row[1]),
             pid=int(row[2]),
-            version=_text(row[3]),
-            mode=_text(row[4]),
-            jobs_fingerprint=_text(row[5]),
+            version=as_text(row[3]),
+            mode=as_text(row[4]),
+            jobs_fingerprint=as_text(row[5]),
             started_us=int(row[6]),
             last_seen_us=int(row[7]),
             expires_us=int(row[8]),
@@ -601,7 +602,9 @@ def _int(value: object) -> int | None:
     return None if value is None else int(value)  # type: ignore[call-overload]
 
 
-def _text(value: object) -> str:
+def as_text(value: object) -> str:
+    """A text column or reply as ``str``: drivers answer some as bytes (PyMySQL for
+    VARBINARY, redis-py always), which went in as UTF-8."""
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8")
     return str(value)

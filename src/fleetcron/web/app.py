@@ -74,7 +74,7 @@ class _Refused(Exception):
 def _job_view(
     ops: Operations, namespace: str, job: str, limit: int
 ) -> Operation[tuple[FleetStatus, JobHealth | None, list[RunRecord]]]:
-    status = yield from read_status(ops, namespace, [job])
+    status = yield from read_status(ops, namespace, [job], queues=False)
     health = next((h for h in status.jobs if h.job == job), None)
     runs = (yield from ops.run_list(namespace, job, limit)) if health is not None else []
     return status, health, runs

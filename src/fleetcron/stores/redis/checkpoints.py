@@ -19,10 +19,8 @@ name) distinct, whatever the name holds (even ``}``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from fleetcron.queue_models import CheckpointRecord
-from fleetcron.stores.base import Operation
+from fleetcron.stores.base import Operation, as_text
 from fleetcron.stores.redis.keys import lease_key
 from fleetcron.stores.statements import Script
 
@@ -40,11 +38,6 @@ def checkpoint_key(namespace: str, name: str) -> str:
     return lease_key(namespace, CHECKPOINT_PREFIX + name) + _SUFFIX
 
 
-def _text(value: Any) -> str:
-    # redis-py answers bytes; the value went in as UTF-8 and comes back as the same text.
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 class RedisCheckpoints:
     """Checkpoint operations as script calls, one script on one key each."""
 
@@ -56,7 +49,7 @@ class RedisCheckpoints:
         return CheckpointRecord(
             namespace=namespace,
             name=name,
-            value=_text(value),
+            value=as_text(value),
             fence=int(fence),
             updated_us=int(updated),
             now_us=int(now),

@@ -84,6 +84,7 @@ from fleetcron.stores.base import (
     REPLICA_PRUNE_LIMIT,
     Operation,
     acquired_record,
+    as_text,
     rows_to_jobs,
     rows_to_records,
     rows_to_replicas,
@@ -159,10 +160,6 @@ def _is_lease_key(key: str) -> bool:
     return key.endswith("}")
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def _lease(namespace: str, reply: Any) -> LeaseRecord | None:
     """A lease row reply (the column order of the SQL stores), or ``None``."""
     return rows_to_records(namespace, [reply])[0] if reply else None
@@ -226,7 +223,7 @@ class _RedisLeases:
         keys = yield KeyScan(_namespace_pattern(namespace))
         keys = [key for key in keys if _is_lease_key(key)]
         replies = yield fan_out("lease_prune", tuple(keys), (older_than_us, 1 if dry_run else 0))
-        return sorted(_text(reply) for reply in replies if reply)
+        return sorted(as_text(reply) for reply in replies if reply)
 
 
 class _RedisLedger:
@@ -276,7 +273,7 @@ class _RedisLedger:
             run: RunRecord | None = None
             stored: str | None = None
             if isinstance(reply, bytes | str):
-                status, _, fingerprint = _text(reply).partition(":")
+                status, _, fingerprint = as_text(reply).partition(":")
                 stored = fingerprint if status == "conflict" else None
             else:
                 run, status = _run(namespace, reply), "claimed"

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
-from fleetcron.stores.base import Operation
+from fleetcron.stores.base import Operation, as_text
 from fleetcron.stores.redis.keys import glob_escape, lease_key
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
 
@@ -86,12 +86,8 @@ def _queue_name(namespace: str, index_key: str) -> str:
     return index_key[len(head) : -len("}" + _INDEX)]
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def _maybe_text(value: Any) -> str | None:
-    return None if value is None else _text(value)
+    return None if value is None else as_text(value)
 
 
 def _opt(value: str | None) -> str:
@@ -106,8 +102,8 @@ def _item(namespace: str, queue: str, row: Any) -> QueueItem:
         queue=queue,
         item_id=int(row[0]),
         dedupe_key=_maybe_text(row[1]),
-        payload=_text(row[2]),
-        state=_text(row[3]),
+        payload=as_text(row[2]),
+        state=as_text(row[3]),
         attempts=int(row[4]),
         max_attempts=int(row[5]),
         fence=int(row[6]),

@@ -24,12 +24,13 @@ from fleetcron.stores.base import (
     Capability,
     Operation,
     Statement,
+    as_text,
     connect_error,
     drive,
     drive_async,
 )
 from fleetcron.stores.redis.connect import _config, check_server, client_args, probe
-from fleetcron.stores.redis.operations import RedisOperations, _text
+from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
 from fleetcron.stores.url import StoreURL
@@ -129,7 +130,9 @@ class RedisStore:
     def _execute(self, statement: Statement) -> Any:
         match statement:
             case KeyScan(pattern):
-                return [_text(k) for k in self._client.scan_iter(match=pattern, count=_SCAN_COUNT)]
+                return [
+                    as_text(k) for k in self._client.scan_iter(match=pattern, count=_SCAN_COUNT)
+                ]
             case ScriptCalls(name, calls):
                 return self._pipeline(self._scripts[name], list(calls))
             case Script(name, keys, args):
@@ -188,7 +191,7 @@ class RedisStore:
             error = translate(exc)
             assert error is not None
             raise error from exc
-        role = _text(role_reply[0])
+        role = as_text(role_reply[0])
         linked = role_reply[2] if role in ("master", "primary") and len(role_reply) > 2 else []
         values = [_config(reply, key) for reply, key in zip(configs, _SETTINGS, strict=True)]
         refused = next((reply for reply in configs if isinstance(reply, Exception)), None)
@@ -238,7 +241,7 @@ class AsyncRedisStore:
             match statement:
                 case KeyScan(pattern):
                     keys = self._client.scan_iter(match=pattern, count=_SCAN_COUNT)
-                    return [_text(k) async for k in keys]
+                    return [as_text(k) async for k in keys]
                 case ScriptCalls(name, calls):
                     return await self._pipeline(self._scripts[name], list(calls))
                 case Script(name, keys, args):

@@ -12,16 +12,10 @@ answers.
 from __future__ import annotations
 
 from fleetcron.queue_models import CheckpointRecord
-from fleetcron.stores.base import Operation, SqlResult
+from fleetcron.stores.base import Operation, SqlResult, as_text
 from fleetcron.stores.statements import Query
 
 __all__ = ["SqlCheckpoints"]
-
-
-def _text(value: object) -> str:
-    # A driver may answer a text column as bytes (PyMySQL does for binary columns); the
-    # value went in as UTF-8 and comes back as the same text.
-    return bytes(value).decode("utf-8") if isinstance(value, bytes | bytearray) else str(value)
 
 
 class SqlCheckpoints:
@@ -36,7 +30,7 @@ class SqlCheckpoints:
         return CheckpointRecord(
             namespace=namespace,
             name=name,
-            value=_text(value),
+            value=as_text(value),
             fence=int(fence),
             updated_us=int(updated_us),
             now_us=int(now_us),

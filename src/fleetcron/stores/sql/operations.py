@@ -28,6 +28,7 @@ from fleetcron.stores.base import (
     Operation,
     SqlResult,
     acquired_record,
+    as_text,
     rows_to_jobs,
     rows_to_records,
     rows_to_replicas,
@@ -113,11 +114,7 @@ class SqlOperations:
     ) -> Operation[list[str]]:
         params = {"namespace": namespace, "older_than_us": older_than_us}
         result: SqlResult = yield Query("lease_prune_preview" if dry_run else "lease_prune", params)
-        return sorted(_decode(row[0]) for row in result.rows)
-
-
-def _decode(value: object) -> str:
-    return bytes(value).decode("utf-8") if isinstance(value, bytes | bytearray) else str(value)
+        return sorted(as_text(row[0]) for row in result.rows)
 
 
 def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> dict[str, object]:
@@ -206,9 +203,9 @@ class SqlLedger:
         # registered fingerprint when the status is conflict).
         for claim, result in zip(claims, results, strict=True):
             (row,) = result.rows
-            status = _decode(row[0])
+            status = as_text(row[0])
             run = rows_to_runs(namespace, [row[1:]])[0] if status == "claimed" else None
-            stored = _decode(row[18]) if status == "conflict" else None
+            stored = as_text(row[18]) if status == "conflict" else None
             answers.append(
                 ClaimResult(
                     job=claim.job,
@@ -306,7 +303,7 @@ class SqlLedger:
         # One JSON array of [job, slot_us] pairs: every dialect unpacks it server-side.
         pairs = json.dumps([[job, slot] for job, slot in slots])
         result: SqlResult = yield Query("run_settled", {"namespace": namespace, "pairs": pairs})
-        return {(_decode(row[0]), int(row[1])) for row in result.rows}
+        return {(as_text(row[0]), int(row[1])) for row in result.rows}
 
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         result: SqlResult = yield Query(

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
-from fleetcron.stores.base import Operation, SqlResult
+from fleetcron.stores.base import Operation, SqlResult, as_text
 from fleetcron.stores.memory_queue import expired_claim_error
 from fleetcron.stores.statements import Query
 
@@ -42,13 +42,8 @@ def _expired_error_parts() -> tuple[str, str]:
 _EXPIRED_HEAD, _EXPIRED_TAIL = _expired_error_parts()
 
 
-def _text(value: object) -> str:
-    # MySQL answers VARBINARY columns (names, dedupe keys) as bytes.
-    return bytes(value).decode("utf-8") if isinstance(value, bytes | bytearray) else str(value)
-
-
 def _opt_text(value: object) -> str | None:
-    return None if value is None else _text(value)
+    return None if value is None else as_text(value)
 
 
 def _opt_int(value: object) -> int | None:
@@ -64,8 +59,8 @@ def rows_to_items(namespace: str, queue: str, rows: Iterable[Sequence[Any]]) -> 
             queue=queue,
             item_id=int(row[0]),
             dedupe_key=_opt_text(row[1]),
-            payload=_text(row[2]),
-            state=_text(row[3]),
+            payload=as_text(row[2]),
+            state=as_text(row[3]),
             attempts=int(row[4]),
             max_attempts=int(row[5]),
             fence=int(row[6]),
@@ -86,7 +81,7 @@ def _rows_to_stats(namespace: str, rows: Iterable[Sequence[Any]]) -> list[QueueS
     return [
         QueueStats(
             namespace=namespace,
-            queue=_text(row[0]),
+            queue=as_text(row[0]),
             ready=int(row[1]),
             scheduled=int(row[2]),
             claimed=int(row[3]),
@@ -168,7 +163,7 @@ class SqlQueue:
             if row[1] is None:
                 keyless.append(int(row[0]))
             else:
-                by_key[_text(row[1])] = int(row[0])
+                by_key[as_text(row[1])] = int(row[0])
         keyless.sort(reverse=True)
         answers: list[int | None] = []
         given: set[str] = set()
@@ -260,7 +255,7 @@ class SqlQueue:
             },
         )
         # (id, fence, the state it was given back in).
-        states = {(int(row[0]), int(row[1])): _text(row[2]) for row in result.rows}
+        states = {(int(row[0]), int(row[1])): as_text(row[2]) for row in result.rows}
         return [states.pop((n.item_id, n.fence), None) for n in nacks]
 
     def queue_get(self, namespace: str, queue: str, item_id: int) -> Operation[QueueItem | None]:
