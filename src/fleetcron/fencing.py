@@ -68,6 +68,11 @@ def create_tables(conn: Any) -> None:
         db.execute(statement, ())
 
 
+def _check_fence(fence: object) -> None:
+    if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
+        raise ConfigurationError(f"a fence is a non-negative integer, not {fence!r}")
+
+
 def check(conn: Any, resource: str, fence: int) -> None:
     """Accept ``fence`` for ``resource`` or raise :class:`StaleFence`, inside the caller's
     transaction: a fence at least as high as every one accepted before is recorded (the
@@ -75,8 +80,7 @@ def check(conn: Any, resource: str, fence: int) -> None:
     lower one writes nothing and raises. The same fence passes again (one holder, many
     writes)."""
     name = _key(resource, "resource")
-    if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
-        raise ConfigurationError(f"a fence is a non-negative integer, not {fence!r}")
+    _check_fence(fence)
     db = _Db(conn)
     if db.dialect == "mysql":
         # No RETURNING: the upsert takes the row lock; the read under it sees the outcome.
@@ -109,6 +113,8 @@ def once(conn: Any, key: str, fence: int | None = None) -> bool:
     ``False``: the work it marks has committed already — skip it. Rolled back with the
     transaction, so a crash before the commit leaves the work to be done again."""
     marker = _key(key, "marker")
+    if fence is not None:
+        _check_fence(fence)
     db = _Db(conn)
     if db.dialect == "mysql":
         # A failed statement does not end an InnoDB transaction, so the duplicate key is

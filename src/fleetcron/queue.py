@@ -32,7 +32,7 @@ from fleetcron.lease import new_holder
 from fleetcron.loopcall import call_on_loop
 from fleetcron.names import validate_name
 from fleetcron.portal import Portal
-from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
+from fleetcron.queue_models import ITEM_STATES, QueueItem, QueueNack, QueuePut, QueueStats
 from fleetcron.stores.base import QUEUE_PRUNE_LIMIT, AsyncStore, SyncStore
 
 __all__ = [
@@ -149,6 +149,32 @@ def _visibility(settings: QueueSettings, visibility: DurationLike | None) -> int
     if visibility is None:
         return settings.visibility_us
     return _positive(visibility, "visibility")
+
+
+def _states(states: Sequence[str] | None) -> list[str] | None:
+    """``states`` as a list of known item states (one name alone is one state, not its
+    characters)."""
+    if states is None:
+        return None
+    wanted = [states] if isinstance(states, str) else list(states)
+    unknown = [state for state in wanted if state not in ITEM_STATES]
+    if unknown:
+        raise ConfigurationError(
+            f"unknown item state(s) {', '.join(map(repr, unknown))}: "
+            f"states are {', '.join(ITEM_STATES)}"
+        )
+    return wanted
+
+
+def _item_ids(item_ids: Sequence[int]) -> list[int]:
+    """``item_ids`` as a list of ids, or a clear error (not a driver's)."""
+    if isinstance(item_ids, int | str | bytes):
+        raise ConfigurationError(f"item_ids is a list of item ids, not {item_ids!r}")
+    ids = list(item_ids)
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int)]
+    if bad:
+        raise ConfigurationError(f"an item id is an integer, not {bad[0]!r}")
+    return ids
 
 
 def _batch_size(batch: object, what: str = "batch") -> int:
@@ -347,13 +373,13 @@ class AsyncQueue:
         """The queue's items in ``states`` (any, by default), newest first."""
         size = _batch_size(limit, "limit")
         return await self.store.run(
-            self.store.ops.queue_list(self.namespace, self.name, states, size)
+            self.store.ops.queue_list(self.namespace, self.name, _states(states), size)
         )
 
     async def requeue(self, item_ids: Sequence[int]) -> int:
         """Give dead items their deliveries back; how many were dead."""
         return await self.store.run(
-            self.store.ops.queue_requeue(self.namespace, self.name, list(item_ids))
+            self.store.ops.queue_requeue(self.namespace, self.name, _item_ids(item_ids))
         )
 
     async def prune(self, older_than: DurationLike = "7d") -> int:
@@ -636,12 +662,14 @@ class Queue:
     def items(self, *, states: Sequence[str] | None = None, limit: int = 100) -> list[QueueItem]:
         """The queue's items in ``states`` (any, by default), newest first."""
         size = _batch_size(limit, "limit")
-        return self.store.run(self.store.ops.queue_list(self.namespace, self.name, states, size))
+        return self.store.run(
+            self.store.ops.queue_list(self.namespace, self.name, _states(states), size)
+        )
 
     def requeue(self, item_ids: Sequence[int]) -> int:
         """Give dead items their deliveries back; how many were dead."""
         return self.store.run(
-            self.store.ops.queue_requeue(self.namespace, self.name, list(item_ids))
+            self.store.ops.queue_requeue(self.namespace, self.name, _item_ids(item_ids))
         )
 
     def prune(self, older_than: DurationLike = "7d") -> int:

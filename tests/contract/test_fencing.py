@@ -260,6 +260,7 @@ def test_once_marks_work_done_in_the_same_transaction(db: Db) -> None:
         (lambda c: fencing.check(c, "r", True), "non-negative integer"),
         (lambda c: fencing.check(c, "r" * 256, 1), "at most 255"),
         (lambda c: fencing.once(c, NOT_A_KEY), "non-empty string"),
+        (lambda c: fencing.once(c, "k", fence="x"), "non-negative integer"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_arguments_are_refused(call: Callable[[Any], None], says: str, tmp_path: Path) -> None:

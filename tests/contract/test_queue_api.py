@@ -67,6 +67,10 @@ def test_a_value_that_is_not_json_or_too_large_is_refused_and_nothing_is_queued(
         (lambda q: q.put(1, dedupe_key=""), "dedupe key is empty"),
         (lambda q: q.put(1, dedupe_key=" k"), "whitespace"),
         (lambda q: q.work(print, batch=0), "batch must be 1 to"),
+        (lambda q: q.items(states=["gone"]), "unknown item state"),
+        (lambda q: q.requeue(5), "a list of item ids"),
+        (lambda q: q.requeue("12"), "a list of item ids"),
+        (lambda q: q.requeue([1, "2"]), "an item id is an integer"),
     ],
 )
 def test_bad_arguments_are_refused_with_what_is_wrong(fleet: Fleet, call: Any, says: str) -> None:
@@ -74,6 +78,13 @@ def test_bad_arguments_are_refused_with_what_is_wrong(fleet: Fleet, call: Any, s
     with pytest.raises(ConfigurationError, match=says):
         call(queue)
     assert queue.stats().depth == 0
+
+
+def test_one_state_name_alone_is_that_state(fleet: Fleet) -> None:
+    queue = fleet.queue("q")
+    queue.put("a")
+    assert [item.state for item in queue.items(states="ready")] == ["ready"]
+    assert queue.items(states="dead") == []
 
 
 @pytest.mark.parametrize(
