@@ -405,7 +405,8 @@ class AsyncQueue:
         renewed every third of the visibility, acknowledge the successes together at the
         end of the batch and give back each failure (:meth:`nack`) at once. An item whose
         claim was lost before its turn is not handled. With nothing to claim it waits
-        ``idle`` (or until ``stop``) — or returns, with ``until_empty``. ``observe`` is
+        ``idle`` (or until ``stop``) — or returns, with ``until_empty``, once nothing is
+        claimable (a claim that only killed items does not end it). ``observe`` is
         told how many items each batch ``claimed``, ``acked``, ``failed`` (given back to
         be retried), killed (``dead``) and ``lost`` (its claim expired before it was
         acknowledged)."""
@@ -415,7 +416,11 @@ class AsyncQueue:
             items = await self.claim(size)
             if not items:
                 if until_empty:
-                    return
+                    # A claim can come back empty having killed items whose expired
+                    # claims used up their deliveries, with others still claimable.
+                    if (await self.stats()).ready == 0:
+                        return
+                    continue
                 if stop is None:
                     await asyncio.sleep(idle_s)
                 else:
@@ -690,7 +695,7 @@ class Queue:
         observe: Callable[[str, int], None] | None = None,
     ) -> None:
         """Drain the queue until ``stop`` is set (forever without one; with
-        ``until_empty``, until a claim finds nothing): the loop of
+        ``until_empty``, until nothing is claimable): the loop of
         :meth:`AsyncQueue.work`, in the calling thread — ``handler`` is called here, so a
         database connection made in this thread can be used in it — while a background
         thread renews the batch's claims."""
@@ -700,7 +705,10 @@ class Queue:
             items = self.claim(size)
             if not items:
                 if until_empty:
-                    return
+                    # As in AsyncQueue.work: an empty claim may only have killed items.
+                    if self.stats().ready == 0:
+                        return
+                    continue
                 if stop is None:
                     time.sleep(idle_s)
                 else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -78,6 +79,22 @@ def test_bad_arguments_are_refused_with_what_is_wrong(fleet: Fleet, call: Any, s
     with pytest.raises(ConfigurationError, match=says):
         call(queue)
     assert queue.stats().depth == 0
+
+
+def test_until_empty_goes_on_past_a_claim_that_only_killed_items(fleet: Fleet) -> None:
+    queue = fleet.queue("poison", max_attempts=1)
+    queue.put_many(["p1", "p2", "p3"])
+    assert len(queue.claim(3, visibility="50ms")) == 3  # their only delivery, never acked
+    give_up = time.monotonic() + 10
+    while queue.stats().ready < 3:  # by the store's clock, their claims have expired
+        assert time.monotonic() < give_up, "the claims did not expire"
+        time.sleep(0.02)
+    queue.put("fresh")
+    handled: list[str] = []
+    # The first claim of 3 takes the expired items (oldest first) and kills them all.
+    queue.work(lambda item: handled.append(item.value), batch=3, until_empty=True)
+    assert handled == ["fresh"]
+    assert (queue.stats().dead, queue.stats().done) == (3, 1)
 
 
 def test_one_state_name_alone_is_that_state(fleet: Fleet) -> None:
