@@ -19,6 +19,7 @@ __all__ = [
     "LeaseRecord",
     "ReplicaInfo",
     "ReplicaRecord",
+    "RunFinish",
     "RunOutcome",
     "RunRecord",
     "SlotClaim",
@@ -175,6 +176,17 @@ class RunOutcome:
     error: str | None = None
     output: str | None = None
     retry_after_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinish:
+    """The outcome of one attempt to record, by its slot and the fence its claim gave it
+    (one item of :meth:`~fleetcron.stores.base.Operations.run_finish_many`)."""
+
+    job: str
+    slot_us: int
+    fence: int
+    outcome: RunOutcome
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

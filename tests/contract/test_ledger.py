@@ -29,6 +29,7 @@ from fleetcron.models import (
     ClaimResult,
     JobRecord,
     LeaseRecord,
+    RunFinish,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -1145,6 +1146,54 @@ def test_finish_sets_the_jobs_last_success_and_last_failure(ledger: Ledger) -> N
     assert (job.last_success_us, job.last_failure_us) == (succeeded, lost)
     assert json.loads(job.definition) == {}
     assert job.fingerprint == "fp"
+
+
+# -- run_finish_many --------------------------------------------------------------------
+
+
+def test_finish_many_answers_each_finish_in_order_as_run_finish_would(ledger: Ledger) -> None:
+    s1, s2, s3, s4, s5 = ledger.past_slots(5)
+    assert ledger.register("job", "{}", "fp") is None
+    ok = ledger.must_claim("job", s1, exclusive=False)
+    stale = ledger.must_claim("job", s2, exclusive=False)
+    retried = ledger.must_claim("job", s3, exclusive=False, max_attempts=2)
+    holding = ledger.must_claim("other", s4)  # the exclusive one: holds its job lease
+    done = ledger.must_claim("job", s5, exclusive=False)
+    assert ledger.finish(done)
+    done_row = ledger.must_get("job", s5)
+    long_output = "x" * (OUTPUT_LIMIT + 10) + "end"
+    finishes = [
+        RunFinish("job", s1, ok.fence, RunOutcome(state="succeeded", exit_code=0, output="ok")),
+        RunFinish("job", s2, stale.fence + 1, RunOutcome(state="succeeded")),
+        RunFinish(
+            "job", s3, retried.fence, RunOutcome(state="failed", error="boom", retry_after_us=1)
+        ),
+        RunFinish("other", s4, holding.fence, RunOutcome(state="failed", output=long_output)),
+        RunFinish("job", s5, done.fence, RunOutcome(state="failed")),
+        RunFinish("never-claimed", s1, 7, RunOutcome(state="succeeded")),
+    ]
+
+    answers = ledger.store.run(ledger.ops.run_finish_many(ledger.namespace, finishes))
+
+    assert answers == [True, False, True, True, False, False]
+    assert ledger.must_get("job", s1).state == "succeeded"
+    assert ledger.must_get("job", s1).output == "ok"
+    assert stored(ledger.must_get("job", s2)) == stored(stale)  # refused: unchanged
+    third = ledger.must_get("job", s3)
+    assert (third.state, third.error) == ("failed", "boom")
+    assert third.retry_at_us is not None
+    fourth = ledger.must_get("other", s4)
+    assert (fourth.state, fourth.output) == ("failed", long_output[-OUTPUT_LIMIT:])
+    assert not ledger.must_lease("other").held  # its finish released the job lease
+    assert stored(ledger.must_get("job", s5)) == stored(done_row)
+    assert ledger.get("never-claimed", s1) is None
+    job = ledger.must_job("job")
+    assert job.last_success_us == ledger.must_get("job", s1).finished_us
+    assert job.last_failure_us == third.finished_us
+
+
+def test_finish_many_of_nothing_answers_nothing(ledger: Ledger) -> None:
+    assert ledger.store.run(ledger.ops.run_finish_many(ledger.namespace, [])) == []
 
 
 # -- run_record, run_list, run_prune ----------------------------------------------------

@@ -611,7 +611,8 @@ class FlakyFinish(AsyncMemoryStore):
     failures = 0
 
     async def run(self, operation: Any) -> Any:
-        if getattr(operation, "__name__", "") == "run_finish" and self.failures > 0:
+        name = getattr(operation, "__name__", "")
+        if name in ("run_finish", "run_finish_many") and self.failures > 0:
             self.failures -= 1
             operation.close()
             raise StoreUnavailable("could not write, as the test asked")

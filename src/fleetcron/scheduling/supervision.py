@@ -31,11 +31,12 @@ from fleetcron.jobspec import CommandTarget, JobSpec
 from fleetcron.keepalive import effective_grace_us
 from fleetcron.lease import LeaseTerms
 from fleetcron.metrics import Metrics
-from fleetcron.models import RunOutcome, RunRecord
+from fleetcron.models import RunFinish, RunOutcome, RunRecord
 from fleetcron.pings import AsyncPinger, finish_ping, start_ping
 from fleetcron.queue import AsyncQueue, JobQueue
 from fleetcron.reaper import Reaper
 from fleetcron.schedules import iso_utc
+from fleetcron.scheduling.finishing import FinishBatcher
 from fleetcron.scheduling.recovery import Recovery
 from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import AsyncSlotLease
@@ -60,7 +61,8 @@ class SupervisorOptions:
 class _RunLease(AsyncSlotLease):
     """A run's lease that says when a renewal has moved its deadline (:attr:`moved`), so
     the run's supervision tells the reaper at once — not at the old stop point, where the
-    reaper would be deciding too."""
+    reaper would be deciding too — and records its outcome with those of the other runs
+    ending at the same time (:class:`~fleetcron.scheduling.finishing.FinishBatcher`)."""
 
     def __init__(
         self,
@@ -70,14 +72,22 @@ class _RunLease(AsyncSlotLease):
         *,
         sent_us: int,
         clock: Clock,
+        finisher: FinishBatcher,
         on_cancel: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(store, terms, run, sent_us=sent_us, clock=clock, on_cancel=on_cancel)
         self.moved = asyncio.Event()
+        self._finisher = finisher
 
     async def extend(self) -> None:
         await super().extend()
         self.moved.set()
+
+    async def _release_in_store(self) -> bool:
+        # With the outcomes of the other runs ending now: one round trip for them all.
+        return await self._finisher.finish(
+            RunFinish(self.run.job, self.run.slot_us, self.fence, self.outcome)
+        )
 
 
 @dataclass(eq=False)
@@ -117,6 +127,7 @@ class Supervisor:
         # Jobs whose sync function was abandoned after its cancellation and still runs.
         self.abandoned: dict[str, asyncio.Future[object]] = {}
         self.pings = AsyncPinger()
+        self.finisher = FinishBatcher(store, options.namespace)
         # The reaper's stop points are CLOCK_MONOTONIC instants: a test's fake clock has
         # none to give it.
         self.reaper = Reaper() if Reaper.supported() and isinstance(clock, SystemClock) else None
@@ -148,6 +159,7 @@ class Supervisor:
             record,
             sent_us=sent_us,
             clock=self.clock,
+            finisher=self.finisher,
             on_cancel=lambda: entry.cancellation.request("cancel requested"),
         )
         lease.on_lost(lambda _lease: entry.cancellation.request("lease lost"))

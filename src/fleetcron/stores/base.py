@@ -37,6 +37,7 @@ from fleetcron.models import (
     LeaseRecord,
     ReplicaInfo,
     ReplicaRecord,
+    RunFinish,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -304,6 +305,15 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
     ) -> Operation[bool]:
         """Record an attempt's outcome; ``False`` (nothing changed) if no longer ours."""
+        ...
+
+    def run_finish_many(
+        self, namespace: str, finishes: Sequence[RunFinish]
+    ) -> Operation[list[bool]]:
+        """:meth:`run_finish` for many attempts in one round trip: one answer per item, in
+        input order. Each finish is atomic on its own, one after another (like the claims
+        of a ``run_claim`` batch); a refused one changes nothing and does not stop the
+        others."""
         ...
 
     def run_record(

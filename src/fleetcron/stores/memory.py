@@ -20,6 +20,7 @@ from fleetcron.models import (
     LeaseRecord,
     ReplicaInfo,
     ReplicaRecord,
+    RunFinish,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -235,26 +236,18 @@ class _MemoryLedger:
     def run_finish(
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
     ) -> Operation[bool]:
-        def step(state: _State, now: int) -> bool:
-            lease_key = (namespace, job_lease_name(job))
-            run, lease, job_row = decide_finish(
-                run=state.runs.get((namespace, job, slot_us)),
-                lease=state.leases.get(lease_key),
-                job=state.jobs.get((namespace, job)),
-                fence=fence,
-                outcome=outcome,
-                now=now,
-            )
-            if run is None:
-                return False
-            state.runs[(namespace, job, slot_us)] = run
-            if lease is not None:
-                state.leases[lease_key] = lease
-            if job_row is not None:
-                state.jobs[(namespace, job)] = job_row
-            return True
+        (accepted,) = yield from self.run_finish_many(
+            namespace, [RunFinish(job, slot_us, fence, outcome)]
+        )
+        return accepted
 
-        result: bool = yield _step(step)
+    def run_finish_many(
+        self, namespace: str, finishes: Sequence[RunFinish]
+    ) -> Operation[list[bool]]:
+        def step(state: _State, now: int) -> list[bool]:
+            return [_finish(state, namespace, finish, now) for finish in finishes]
+
+        result: list[bool] = yield _step(step)
         return result
 
     def run_record(
@@ -597,3 +590,25 @@ class AsyncMemoryStore:
 
     async def close(self) -> None:
         await asyncio.sleep(0)
+
+
+def _finish(state: _State, namespace: str, finish: RunFinish, now: int) -> bool:
+    """Record one outcome (:func:`decide_finish`); whether it was ours to record."""
+    lease_key = (namespace, job_lease_name(finish.job))
+    run_key = (namespace, finish.job, finish.slot_us)
+    run, lease, job_row = decide_finish(
+        run=state.runs.get(run_key),
+        lease=state.leases.get(lease_key),
+        job=state.jobs.get((namespace, finish.job)),
+        fence=finish.fence,
+        outcome=finish.outcome,
+        now=now,
+    )
+    if run is None:
+        return False
+    state.runs[run_key] = run
+    if lease is not None:
+        state.leases[lease_key] = lease
+    if job_row is not None:
+        state.jobs[(namespace, finish.job)] = job_row
+    return True

@@ -75,6 +75,7 @@ from fleetcron.models import (
     LeaseRecord,
     ReplicaInfo,
     ReplicaRecord,
+    RunFinish,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -168,6 +169,29 @@ def _lease(namespace: str, reply: Any) -> LeaseRecord | None:
 def _opt(value: object) -> str:
     """An optional script argument: ``''`` is NULL, anything else is ``'=' + value``."""
     return "" if value is None else f"={value}"
+
+
+def _finish_call(
+    namespace: str, finish: RunFinish
+) -> tuple[tuple[str, ...], tuple[ScriptArg, ...]]:
+    """The keys and arguments of one ``run_finish`` script call."""
+    outcome = finish.outcome
+    output = outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output
+    keys = (
+        lease_key(namespace, job_lease_name(finish.job)),
+        job_key(namespace, finish.job),
+        run_key(namespace, finish.job, finish.slot_us),
+    )
+    args = (
+        finish.fence,
+        outcome.state,
+        _opt(outcome.exit_code),
+        _opt(outcome.error),
+        _opt(output),
+        _opt(outcome.retry_after_us),
+        finish.job,
+    )
+    return keys, args
 
 
 def _run(namespace: str, reply: Any) -> RunRecord:
@@ -312,25 +336,19 @@ class _RedisLedger:
     def run_finish(
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
     ) -> Operation[bool]:
-        output = outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output
-        reply = yield Script(
-            "run_finish",
-            (
-                lease_key(namespace, job_lease_name(job)),
-                job_key(namespace, job),
-                run_key(namespace, job, slot_us),
-            ),
-            (
-                fence,
-                outcome.state,
-                _opt(outcome.exit_code),
-                _opt(outcome.error),
-                _opt(output),
-                _opt(outcome.retry_after_us),
-                job,
-            ),
-        )
+        keys, args = _finish_call(namespace, RunFinish(job, slot_us, fence, outcome))
+        reply = yield Script("run_finish", keys, args)
         return bool(reply)
+
+    def run_finish_many(
+        self, namespace: str, finishes: Sequence[RunFinish]
+    ) -> Operation[list[bool]]:
+        if not finishes:
+            return []
+        # One call per finish (its keys share the job's hash tag), all in one pipeline.
+        calls = tuple(_finish_call(namespace, finish) for finish in finishes)
+        replies = yield ScriptCalls("run_finish", calls)
+        return [bool(reply) for reply in replies]
 
     def run_record(
         self, namespace: str, job: str, slot_us: int, state: str, error: str | None, trigger: str

@@ -18,6 +18,7 @@ from fleetcron.models import (
     LeaseRecord,
     ReplicaInfo,
     ReplicaRecord,
+    RunFinish,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -37,7 +38,14 @@ from fleetcron.stores.base import (
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
 from fleetcron.stores.statements import Query, QueryBatch
 
-__all__ = ["SqlLedger", "SqlOperations", "claim_params", "prune_job_params", "replica_params"]
+__all__ = [
+    "SqlLedger",
+    "SqlOperations",
+    "claim_params",
+    "finish_params",
+    "prune_job_params",
+    "replica_params",
+]
 
 
 class SqlOperations:
@@ -141,6 +149,23 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
     }
 
 
+def finish_params(namespace: str, finish: RunFinish) -> dict[str, object]:
+    """The bound parameters of one ``run_finish`` (every dialect uses the same names)."""
+    outcome = finish.outcome
+    return {
+        "namespace": namespace,
+        "job": finish.job,
+        "lease_name": job_lease_name(finish.job),
+        "slot_us": finish.slot_us,
+        "fence": finish.fence,
+        "state": outcome.state,
+        "exit_code": outcome.exit_code,
+        "error": outcome.error,
+        "output": outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output,
+        "retry_after_us": outcome.retry_after_us if outcome.state == "failed" else None,
+    }
+
+
 def prune_job_params(
     namespace: str, job: str, keep: int, older_than_us: int, limit: int
 ) -> dict[str, object]:
@@ -237,22 +262,18 @@ class SqlLedger:
     def run_finish(
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
     ) -> Operation[bool]:
-        result: SqlResult = yield Query(
-            "run_finish",
-            {
-                "namespace": namespace,
-                "job": job,
-                "lease_name": job_lease_name(job),
-                "slot_us": slot_us,
-                "fence": fence,
-                "state": outcome.state,
-                "exit_code": outcome.exit_code,
-                "error": outcome.error,
-                "output": outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output,
-                "retry_after_us": outcome.retry_after_us if outcome.state == "failed" else None,
-            },
-        )
+        params = finish_params(namespace, RunFinish(job, slot_us, fence, outcome))
+        result: SqlResult = yield Query("run_finish", params)
         return bool(result.rows and result.rows[0][0])
+
+    def run_finish_many(
+        self, namespace: str, finishes: Sequence[RunFinish]
+    ) -> Operation[list[bool]]:
+        if not finishes:
+            return []
+        batch = tuple(finish_params(namespace, finish) for finish in finishes)
+        results: list[SqlResult] = yield QueryBatch("run_finish", batch)
+        return [bool(result.rows and result.rows[0][0]) for result in results]
 
     def run_record(
         self,

@@ -17,6 +17,7 @@ from fleetcron.models import (
     LeaseRecord,
     ReplicaInfo,
     ReplicaRecord,
+    RunFinish,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -166,12 +167,30 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
     def run_finish(
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
     ) -> Operation[bool]:
+        (accepted,) = yield from self.run_finish_many(
+            namespace, [RunFinish(job, slot_us, fence, outcome)]
+        )
+        return accepted
+
+    def run_finish_many(
+        self, namespace: str, finishes: Sequence[RunFinish]
+    ) -> Operation[list[bool]]:
+        # The whole operation is one BEGIN IMMEDIATE transaction: one commit (one sync to
+        # disk) for the batch.
         now = yield from self._now()
-        run = yield from self._run(namespace, job, slot_us, now)
+        answers = []
+        for finish in finishes:
+            # Not a comprehension: `yield` is not allowed in one.
+            answers.append((yield from self._finish(namespace, finish, now)))  # noqa: PERF401
+        return answers
+
+    def _finish(self, namespace: str, finish: RunFinish, now: int) -> Operation[bool]:
+        job = finish.job
+        run = yield from self._run(namespace, job, finish.slot_us, now)
         lease = yield from self._lease(namespace, job_lease_name(job), now)
         job_row = yield from self._job(namespace, job, now)
         finished, released, updated = decide_finish(
-            run=run, lease=lease, job=job_row, fence=fence, outcome=outcome, now=now
+            run=run, lease=lease, job=job_row, fence=finish.fence, outcome=finish.outcome, now=now
         )
         if finished is None:
             return False
