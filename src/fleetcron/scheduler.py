@@ -70,6 +70,11 @@ __all__ = [
 
 _REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
+CLOCK_RESYNC_US = 1_000_000
+"""The store's clock is read again at most this often while its estimate holds."""
+CLOCK_TOLERANCE_US = 20_000
+"""A claim's answer whose store time is further than this from the estimate (beyond the
+round trip) makes the next pass read the store's clock again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,6 +175,7 @@ class AsyncScheduler:
         self._due = DueHeap()
         self._catching_up: set[tuple[str, int]] = set()
         self._offset_us = 0
+        self._synced_us: int | None = None  # monotonic µs of the last clock reading
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
         self._reloading = asyncio.Lock()  # a reload never lands in the middle of a pass
@@ -354,9 +360,30 @@ class AsyncScheduler:
         store_now = await self.store.run(self.ops.store_now())
         received = self.clock.monotonic_us()
         self._offset_us = store_now - (sent + received) // 2
+        self._synced_us = received
         if self.metrics is not None:
             self.metrics.clock_offset.set((store_now - self.clock.wall_us()) / 1e6)
         return store_now
+
+    async def _store_clock(self) -> int:
+        """The store's now for a pass: read from the store at most once a
+        :data:`CLOCK_RESYNC_US`, estimated from the last reading in between. The store
+        enforces every time rule itself (a claim before its slot is refused ``not_due``,
+        one past its deadline ``missed``); the estimate only decides what to ask for, and a
+        claim's answer that disagrees with it (:meth:`_check_estimate`) forces a reading."""
+        synced = self._synced_us
+        if synced is None or self.clock.monotonic_us() - synced >= CLOCK_RESYNC_US:
+            return await self._sync_clock()
+        return self._now()
+
+    def _check_estimate(self, store_now_us: int, sent_us: int, received_us: int) -> None:
+        """A store time seen during the round trip ``sent_us``..``received_us`` (monotonic):
+        outside the estimate by more than :data:`CLOCK_TOLERANCE_US`, the next pass reads
+        the clock (a stepped store clock, a suspended host)."""
+        low = sent_us + self._offset_us - CLOCK_TOLERANCE_US
+        high = received_us + self._offset_us + CLOCK_TOLERANCE_US
+        if not low <= store_now_us <= high:
+            self._synced_us = None
 
     def _now(self) -> int:
         """The store's clock estimated between readings, for timing sleeps only. It rides
@@ -470,6 +497,7 @@ class AsyncScheduler:
                 self.outage.ended(loop.time())
             except StoreError as exc:
                 self.outage.failed(exc, loop.time())
+                self._synced_us = None  # the first pass after an outage reads the clock
             except Exception:
                 # A bug must not stop the replica silently or at once: say so, go on.
                 log.exception("scheduling pass failed", extra={"action": "tick_failed"})
@@ -501,7 +529,7 @@ class AsyncScheduler:
         # Due, late and missed are judged by the store's clock read now — never by this
         # host's clock, which may be wrong (a replica whose clock ran ahead must not record
         # future slots as missed or skipped for the whole fleet).
-        now = await self._sync_clock()
+        now = await self._store_clock()
         # A job can be in the heap twice after a reload changed it, or no longer planned
         # after one removed it: each planned job is collected once.
         names = dict.fromkeys(self._due.pop_due(now))
@@ -645,6 +673,18 @@ class AsyncScheduler:
             self._pending.extendleft(
                 reversed([c for c in claims if (c.job, c.slot_us) not in answered])
             )
+        received = self.clock.monotonic_us()
+        estimate = received + self._offset_us
+        for claim, answer in answers:
+            if answer.run is not None:
+                self._check_estimate(answer.run.now_us, sent, received)
+            elif answer.status == "not_due" or (
+                # Refused past a deadline the estimate had not reached: it runs behind.
+                answer.status == "missed"
+                and claim.deadline_us is not None
+                and claim.deadline_us > estimate + CLOCK_TOLERANCE_US
+            ):
+                self._synced_us = None
         if answers:  # a quarter or more taken by others: sift the queue before claiming
             taken = sum(1 for _, answer in answers if answer.status == "taken")
             self._contended = 4 * taken >= len(answers)

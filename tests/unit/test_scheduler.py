@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from fleetcron import Fleet
+from fleetcron.clock import SYSTEM_CLOCK
 from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError, StoreUnavailable
 from fleetcron.jobspec import JobSpec, job_spec
@@ -739,3 +740,86 @@ async def test_a_reload_adds_changes_and_removes_jobs_while_running() -> None:
         await task
     slots = [r.slot_us for r in ledger(store, "keep") if r.slot_us > 0]
     assert len(slots) == len(set(slots)), "a slot ran twice"
+
+
+# -- the store's clock ----------------------------------------------------------------
+
+
+class _SteppedClock:
+    """The real clocks, with the wall clock (the memory store's time) moved by ``step_us``."""
+
+    def __init__(self) -> None:
+        self.step_us = 0
+
+    def monotonic_us(self) -> int:
+        return SYSTEM_CLOCK.monotonic_us()
+
+    def wall_us(self) -> int:
+        return SYSTEM_CLOCK.wall_us() + self.step_us
+
+
+class _CountingClockReads(AsyncMemoryStore):
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self.clock_reads = 0
+
+    async def run(self, operation: Any) -> Any:
+        if getattr(operation, "__name__", "") == "store_now":
+            self.clock_reads += 1
+        return await super().run(operation)
+
+
+async def test_the_store_clock_is_read_at_most_once_a_second_between_passes() -> None:
+    store = MemoryStore()
+    counting = _CountingClockReads(store)
+    scheduler = AsyncScheduler(
+        counting, [spec("often", lambda ctx: None, every="100ms")], SchedulerOptions(namespace=NS)
+    )
+    started = SYSTEM_CLOCK.monotonic_us()
+    passes = 0
+
+    def enough() -> bool:
+        nonlocal passes
+        passes += 1
+        return passes >= 30
+
+    task = asyncio.create_task(scheduler.run())
+    try:
+        await until_signalled([scheduler], enough)
+    finally:
+        scheduler.stop()
+        await task
+    elapsed_s = (SYSTEM_CLOCK.monotonic_us() - started) / 1e6
+
+    # One reading at registration, then at most one per second of passes.
+    assert counting.clock_reads <= 2 + elapsed_s, (counting.clock_reads, elapsed_s)
+    assert len(store.run(store.ops.run_list(NS, "often", 100))) >= 10
+
+
+async def test_the_estimate_follows_a_store_clock_that_steps_forward() -> None:
+    clock = _SteppedClock()
+    store = MemoryStore(clock=clock)
+    scheduler = AsyncScheduler(
+        AsyncMemoryStore(store),
+        [spec("often", lambda ctx: None, every="100ms")],
+        SchedulerOptions(namespace=NS),
+    )
+
+    def ran_after(moment_us: int) -> Callable[[], bool]:
+        def done() -> bool:
+            runs = store.run(store.ops.run_list(NS, "often", 1000))
+            return any(r.slot_us >= moment_us and r.state == "succeeded" for r in runs)
+
+        return done
+
+    task = asyncio.create_task(scheduler.run())
+    try:
+        await until_signalled([scheduler], ran_after(0))
+        # The store's clock jumps 30 s ahead: slots planned by the old estimate would all
+        # be refused as missed; the scheduler must move to the store's new time.
+        clock.step_us = 30_000_000
+        stepped = store.clock.wall_us()
+        await until_signalled([scheduler], ran_after(stepped - 1_000_000))
+    finally:
+        scheduler.stop()
+        await task
