@@ -44,6 +44,7 @@ from fleetcron.scheduling.heartbeat import (
 )
 from fleetcron.scheduling.leadership import LEADER_LEASE, Elector
 from fleetcron.scheduling.monitor import DEFAULT_MONITOR_S, Monitor
+from fleetcron.scheduling.ownership import HANDOVER_US, Ring
 from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT as _MISSED_RECORD_LIMIT
 from fleetcron.scheduling.planning import (
     DueHeap,
@@ -70,6 +71,9 @@ __all__ = [
 
 _REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
+_ADOPT_EVERY_US = (250_000, 1_000_000)  # how often others' waiting slots are looked at
+_ADOPT_BATCH = 2000  # others' slots looked at per read
+_RING_RESYNC_US = 1_000_000  # the ring is read again at most this often when it is stale
 CLOCK_RESYNC_US = 1_000_000
 """The store's clock is read again at most this often while its estimate holds."""
 CLOCK_TOLERANCE_US = 20_000
@@ -207,12 +211,20 @@ class AsyncScheduler:
         )
         self._last_recovery = 0.0
         self._contended = False  # the last claims found slots other replicas had taken
+        # Slots other replicas own, with when each may be looked at (the store's clock).
+        self._foreign: deque[tuple[int, SlotClaim]] = deque()
+        self._adopt_every_us = _ADOPT_EVERY_US[0]
+        self._adopt_at_us = 0
+        self._adopt_cap_us = _ADOPT_EVERY_US[1]  # spacing cap: half the shortest window
+        self._ring_read_us: int | None = None  # monotonic µs of the last ring reading
+        self._ring_stale = True
         self.heartbeat = Heartbeat(
             store,
             options.namespace,
             replica_info(options.mode, self.definitions.local),
             every_s=options.heartbeat_s,
         )
+        self.ring = Ring(self.heartbeat.info.replica_id, self.heartbeat.info.jobs_fingerprint)
         # The webhooks of the monitor's alerts: a job's own, else the file's global one.
         self.alerts = AlertSender(
             self.supervisor.pings,
@@ -328,6 +340,7 @@ class AsyncScheduler:
                 self.definitions.conflicts.pop(name, None)
                 self.definitions.replaced.pop(name, None)
             self._pending = deque(c for c in self._pending if c.job in new)
+            self._foreign = deque(f for f in self._foreign if f[1].job in new)
             fresh = [new[name] for name in (*change.added, *change.changed)]
             for spec in fresh:
                 self.specs[spec.name] = spec
@@ -339,6 +352,9 @@ class AsyncScheduler:
             self.heartbeat.info = replace(
                 self.heartbeat.info, jobs_fingerprint=jobs_fingerprint(local)
             )
+            # Its peers are now the replicas running the new set.
+            self.ring = Ring(self.ring.me, self.heartbeat.info.jobs_fingerprint)
+            self._ring_stale = True
         log.warning(
             "jobs reloaded: %d added, %d changed, %d removed",
             len(change.added),
@@ -520,6 +536,8 @@ class AsyncScheduler:
         due = self._due.soonest()
         if due is not None:
             soonest = min(soonest, due)
+        if self._foreign:
+            soonest = min(soonest, max(self._foreign[0][0], self._adopt_at_us))
         # A few random milliseconds past the slot: replicas wake in a different order each
         # time, so the runs of a single job spread over them instead of going to one.
         spread = random.uniform(0.002, 0.03)
@@ -538,9 +556,14 @@ class AsyncScheduler:
         # jobs in its own random order (a job's slots stay in order), so their first
         # claims land on different jobs instead of all queueing on the same job leases.
         random.shuffle(due)
+        await self._read_ring()
         try:
             for job in due:
-                self._pending.extend(await self._collect(job, now))
+                for claim in await self._collect(job, now):
+                    if self._shared(claim):
+                        self._wait_for_owner(claim, now)
+                    else:
+                        self._pending.append(claim)
         finally:
             # Every popped job goes back in the heap, collected or not (a store error
             # leaves its cursor where it was: the next tick collects it again).
@@ -552,7 +575,68 @@ class AsyncScheduler:
             known = {(c.job, c.slot_us) for c in self._pending}
             known.update(self.supervisor.running)
             self._pending.extend(await self.recovery.poll(known))
+        await self._adopt(now)
         await self._claim()
+
+    def _shared(self, claim: SlotClaim) -> bool:
+        """Whether ``claim`` is a fresh slot another replica owns (claim mode only)."""
+        return self.options.mode == "claim" and not self.ring.owns(claim.job, claim.slot_us)
+
+    def _wait_for_owner(self, claim: SlotClaim, now: int) -> None:
+        """Queue another replica's slot for adoption: looked at after a quarter of the time
+        its catch-up policy gives it (at most :data:`HANDOVER_US`), and the reads are
+        spaced so that it is looked at again before half of that time has passed."""
+        window = None if claim.deadline_us is None else claim.deadline_us - claim.slot_us
+        wait = HANDOVER_US if window is None else max(0, min(HANDOVER_US, window // 4))
+        if window is not None:
+            self._adopt_cap_us = min(self._adopt_cap_us, max(window // 2, 1))
+            # Reads spaced out while owners kept up must not pass this slot's deadline.
+            self._adopt_at_us = min(self._adopt_at_us, now + wait + window // 2)
+        self._foreign.append((now + wait, claim))
+
+    async def _read_ring(self) -> None:
+        """Read the ring's members every heartbeat interval, and at most once a second
+        while it is stale (an owned slot was found taken: the members changed)."""
+        if self.options.mode != "claim":
+            return
+        now = self.clock.monotonic_us()
+        last = self._ring_read_us
+        if not (
+            last is None
+            or now - last >= self.options.heartbeat_s * 1e6
+            or (self._ring_stale and now - last >= _RING_RESYNC_US)
+        ):
+            return
+        self._ring_read_us, self._ring_stale = now, False
+        rows = await self.store.run(self.ops.replica_list(self.options.namespace, 0))
+        self.ring.update(rows)
+
+    async def _adopt(self, now: int) -> None:
+        """Take on the slots of other replicas that are still free after their hand-over
+        delay (their owner is down, frozen or behind): one read for up to
+        :data:`_ADOPT_BATCH` of them; those the store has settled are dropped. While the
+        owners keep up (nothing left to adopt) the reads space out to once a second."""
+        if not self._foreign or self._foreign[0][0] > now or now < self._adopt_at_us:
+            return
+        ripe: list[SlotClaim] = []
+        while self._foreign and self._foreign[0][0] <= now and len(ripe) < _ADOPT_BATCH:
+            ripe.append(self._foreign.popleft()[1])
+        try:
+            settled = await self.store.run(
+                self.ops.run_settled(self.options.namespace, [(c.job, c.slot_us) for c in ripe])
+            )
+        except BaseException:
+            self._foreign.extendleft((now, c) for c in reversed(ripe))
+            raise
+        free = [c for c in ripe if (c.job, c.slot_us) not in settled]
+        self._catching_up -= settled
+        self._pending.extend(free)
+        low, high = _ADOPT_EVERY_US
+        spacing = low if free else 2 * self._adopt_every_us
+        self._adopt_every_us = min(spacing, high, self._adopt_cap_us)
+        self._adopt_at_us = now + self._adopt_every_us
+        if not self._foreign:
+            self._adopt_cap_us = high
 
     async def _collect(self, job: PlannedJob, now: int) -> list[SlotClaim]:
         """The job's due slots to claim; the ones catch-up gives up are recorded
@@ -685,6 +769,11 @@ class AsyncScheduler:
                 and claim.deadline_us > estimate + CLOCK_TOLERANCE_US
             ):
                 self._synced_us = None
+        if any(
+            answer.status == "taken" and claim.deadline_us is not None and not self._shared(claim)
+            for claim, answer in answers
+        ):
+            self._ring_stale = True  # another replica thinks this slot its own
         if answers:  # a quarter or more taken by others: sift the queue before claiming
             taken = sum(1 for _, answer in answers if answer.status == "taken")
             self._contended = 4 * taken >= len(answers)

@@ -1,0 +1,164 @@
+"""Replicas share out the slots: each claims the slots it owns at once and another's only
+after the hand-over, when the store says it is still free — so a slot of a replica that is
+down still runs, and live replicas do not race for every slot."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+from fleetcron.models import ReplicaInfo, ReplicaRecord
+from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
+from fleetcron.scheduling.heartbeat import jobs_fingerprint
+from fleetcron.scheduling.ownership import Ring
+from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from unit.test_scheduler import spec, until_signalled
+
+NS = "ownership"
+
+
+def _row(
+    replica_id: str, *, mode: str = "claim", fp: str = "fp", alive: bool = True
+) -> ReplicaRecord:
+    return ReplicaRecord(
+        namespace=NS,
+        replica_id=replica_id,
+        host="h",
+        pid=1,
+        version="0",
+        mode=mode,
+        jobs_fingerprint=fp,
+        started_us=0,
+        last_seen_us=0,
+        expires_us=10 if alive else 0,
+        now_us=5,
+    )
+
+
+def test_every_slot_has_exactly_one_owner_and_the_shares_are_even() -> None:
+    ids = [f"host:{pid}:ab" for pid in range(5)]
+    rings = [Ring(me, "fp") for me in ids]
+    for ring in rings:
+        ring.update([_row(i) for i in ids])
+    slots = [
+        (f"job{j}", 1_700_000_000_000_000 + s * 60_000_000) for j in range(200) for s in range(10)
+    ]
+
+    owners: Counter[str] = Counter()
+    for job, slot in slots:
+        owning = [ring.me for ring in rings if ring.owns(job, slot)]
+        assert len(owning) == 1, (job, slot, owning)
+        owners[owning[0]] += 1
+
+    fair = len(slots) / len(ids)
+    assert all(0.85 * fair <= owners[i] <= 1.15 * fair for i in ids), owners
+
+
+def test_the_ring_holds_live_claim_replicas_of_the_same_jobs_and_always_this_one() -> None:
+    ring = Ring("me", "fp")
+    ring.update(
+        [
+            _row("b"),
+            _row("a"),
+            _row("leader", mode="leader"),
+            _row("other-jobs", fp="other"),
+            _row("gone", alive=False),
+        ]
+    )
+    assert ring.members == ("a", "b", "me")
+
+    ring.update([])
+    assert ring.members == ("me",)
+    assert ring.owns("job", 1)
+
+
+async def test_the_slots_of_a_replica_that_is_down_still_run_exactly_once() -> None:
+    store = MemoryStore()
+    jobs = [spec(f"job{i}", lambda ctx: None, every="200ms") for i in range(6)]
+    scheduler = AsyncScheduler(
+        AsyncMemoryStore(store), jobs, SchedulerOptions(namespace=NS, shutdown_grace_s=1.0)
+    )
+    # A replica of the same jobs that beat once and then froze: it owns about half of the
+    # slots and never claims one until its row expires (not within this test).
+    frozen = ReplicaInfo(
+        replica_id="frozen:1:00",
+        host="frozen",
+        pid=1,
+        version="0",
+        mode="claim",
+        jobs_fingerprint=scheduler.heartbeat.info.jobs_fingerprint,
+    )
+    store.run(store.ops.replica_beat(NS, frozen, 600_000_000))
+    assert scheduler.heartbeat.info.jobs_fingerprint == jobs_fingerprint(
+        scheduler.definitions.local
+    )
+
+    def rows() -> list[Any]:
+        return [r for job in jobs for r in store.run(store.ops.run_list(NS, job.name, 1000))]
+
+    def enough() -> bool:
+        return len(scheduler.ring.members) == 2 and len(rows()) >= 60
+
+    task = asyncio.create_task(scheduler.run())
+    try:
+        await until_signalled([scheduler], enough)
+    finally:
+        scheduler.stop()
+        await task
+
+    frozen_owned = [r for r in rows() if not scheduler.ring.owns(r.job, r.slot_us)]
+    assert len(frozen_owned) >= 10  # the frozen replica's slots ran, here
+    assert all(r.state in ("succeeded", "running") for r in rows()), Counter(
+        r.state for r in rows()
+    )
+
+
+class _Answers(AsyncMemoryStore):
+    """Counts the claim answers by status, from ``counting`` on."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self.counting = False
+        self.statuses: Counter[str] = Counter()
+
+    async def run(self, operation: Any) -> Any:
+        result = await super().run(operation)
+        if self.counting and getattr(operation, "__name__", "") == "run_claim":
+            self.statuses.update(answer.status for answer in result)
+        return result
+
+
+async def test_live_replicas_claim_their_own_slots_instead_of_racing_for_all() -> None:
+    store = MemoryStore()
+    jobs = [spec(f"job{i}", lambda ctx: None, every="200ms") for i in range(20)]
+    stores = [_Answers(store), _Answers(store)]
+    schedulers = [
+        AsyncScheduler(s, jobs, SchedulerOptions(namespace=NS, shutdown_grace_s=1.0))
+        for s in stores
+    ]
+    tasks = [asyncio.create_task(s.run()) for s in schedulers]
+    ran: list[int] = []
+
+    def claimed() -> int:
+        return sum(s.statuses["claimed"] for s in stores)
+
+    def rings_agree() -> bool:
+        return all(len(s.ring.members) == 2 for s in schedulers)
+
+    try:
+        await until_signalled(schedulers, rings_agree)
+        for s in stores:
+            s.counting = True
+        await until_signalled(schedulers, lambda: claimed() >= 200)
+        ran.append(claimed())
+    finally:
+        for scheduler in schedulers:
+            scheduler.stop()
+        await asyncio.gather(*tasks)
+
+    taken = sum(s.statuses["taken"] for s in stores)
+    # Racing for every slot, each claimed slot would cost the other replica a "taken".
+    assert taken <= ran[0] // 10, (taken, ran[0], [s.statuses for s in stores])
+    shares = [s.statuses["claimed"] for s in stores]
+    assert min(shares) >= ran[0] // 4, shares
