@@ -67,6 +67,7 @@ CLAIMED = ("running", "succeeded", "failed", "cancelled", "lost")
 
 # -- the job target (runs inside a replica) ----------------------------------------------
 
+_IMPORTED = time.monotonic()  # the replica's clock starts when this module is imported
 _EXECUTED: list[tuple[str, int]] = []
 _EXECUTED_LOCK = threading.Lock()
 
@@ -107,6 +108,7 @@ async def replica_main(args: argparse.Namespace) -> None:
     from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
     from fleetcron.stores import open_async_store, parse_store_url
 
+    began = time.monotonic()
     jobs = [
         job_spec(
             job_name(i),
@@ -118,6 +120,7 @@ async def replica_main(args: argparse.Namespace) -> None:
         )
         for i in range(args.jobs)
     ]
+    specs_s = time.monotonic() - began
     store = await open_async_store(parse_store_url(args.url))
     counting = CountingStore(store)
     scheduler = AsyncScheduler(
@@ -142,9 +145,17 @@ async def replica_main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, scheduler.stop)
     loop.add_signal_handler(signal.SIGINT, scheduler.stop)
+    before_run = time.monotonic()
     task = asyncio.create_task(scheduler.run())
     await scheduler.signals.started.wait()
-    _write(args.ready_file, str(os.getpid()))
+    ready = {
+        "pid": os.getpid(),
+        "import_s": began - _IMPORTED,
+        "specs_s": specs_s,
+        "register_s": time.monotonic() - before_run,
+    }
+    _write(args.ready_file + ".tmp", json.dumps(ready))
+    os.replace(args.ready_file + ".tmp", args.ready_file)
     try:
         await task
     finally:
@@ -195,6 +206,53 @@ def pg_xact_commit(url: str) -> int | None:
             return int(row[0]) if row else None
     except Exception:
         return None
+
+
+SERVER_PROCESSES = {
+    "postgres": ("postgres",),
+    "mysql": ("mariadbd", "mysqld"),
+    "redis": ("redis-server",),
+}
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # after the command: state is field 3; utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_s(backend: str) -> float | None:
+    """CPU seconds of every process of the store server (all PostgreSQL backends, the
+    MariaDB or Redis server), or ``None`` when the store runs in the replicas (SQLite)."""
+    names = SERVER_PROCESSES.get(backend)
+    if names is None:
+        return None
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in names:
+            total += proc_cpu_s(int(entry.name))
+    return total
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of one process, MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -277,12 +335,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         window["startup_s"] = time.time() - started
         window["wall_start"] = time.time()
         window["start_us"] = store_call(url, lambda ops: ops.store_now())
+        window["client_cpu_start"] = sum(proc_cpu_s(p.pid) for p in procs)
+        window["server_cpu_start"] = server_cpu_s(args.backend) or 0.0
         print(
             f"{args.replicas} replicas ready after {window['startup_s']:.1f} s;"
             f" measuring {args.duration} s",
             file=sys.stderr,
         )
         time.sleep(args.duration)
+        window["client_cpu_end"] = sum(proc_cpu_s(p.pid) for p in procs)
+        window["server_cpu_end"] = server_cpu_s(args.backend) or 0.0
+        window["rss_mb"] = [rss_mb(p.pid) or 0.0 for p in procs]  # type: ignore[assignment]
         window["end_us"] = store_call(url, lambda ops: ops.store_now())
         window["wall_end"] = time.time()
     finally:
@@ -299,12 +362,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError("the run did not complete")
     xact_after = pg_xact_commit(url)
     replica_reports = [json.loads(p.read_text()) for p in reports if p.exists()]
+    startups = [json.loads(p.read_text()) for p in ready if p.exists()]
     limit = args.jobs * int((time.time() - started + 10) * 1e6 / every_us(args.every)) * 2
     rows = store_call(url, lambda ops: ops.run_list(namespace, None, limit))
     if not args.keep:
         with contextlib.suppress(Exception):
             store_call(url, lambda ops: ops.run_prune(namespace, 0, 0))
     result = summarise(args, url, namespace, window, rows, replica_reports, procs)
+    result["summary"].update(resources(args, window, startups, result["summary"]["runs"]))
     result["meta"]["xact_commit_delta"] = (
         None if xact_before is None or xact_after is None else xact_after - xact_before
     )
@@ -429,6 +494,33 @@ def summarise(
     }
 
 
+def resources(
+    args: argparse.Namespace, window: dict[str, Any], startups: list[dict[str, Any]], runs: int
+) -> dict[str, Any]:
+    """CPU of the replicas and of the store server over the window, per run; memory per
+    replica at the window's end; where start-up time went (slowest replica)."""
+    client = window["client_cpu_end"] - window["client_cpu_start"]
+    server = (
+        None
+        if server_cpu_s(args.backend) is None
+        else window["server_cpu_end"] - window["server_cpu_start"]
+    )
+    rss = [mb for mb in window["rss_mb"] if mb]
+    return {
+        "client_cpu_s": client,
+        "client_cpu_ms_per_run": 1e3 * client / runs if runs else None,
+        "client_cpu_cores": client / args.duration,
+        "server_cpu_s": server,
+        "server_cpu_ms_per_run": None if server is None or not runs else 1e3 * server / runs,
+        "server_cpu_cores": None if server is None else server / args.duration,
+        "rss_mb_per_replica_max": max(rss) if rss else None,
+        "rss_mb_per_replica_mean": sum(rss) / len(rss) if rss else None,
+        "startup_import_s_max": max((s["import_s"] for s in startups), default=None),
+        "startup_specs_s_max": max((s["specs_s"] for s in startups), default=None),
+        "startup_register_s_max": max((s["register_s"] for s in startups), default=None),
+    }
+
+
 def _fmt(value: Any, spec: str = ",.1f") -> str:
     return "–" if value is None else format(value, spec)
 
@@ -477,6 +569,17 @@ def markdown(result: dict[str, Any]) -> str:
         ("ops by name (window)", ", ".join(f"{k} {v:,}" for k, v in
                                             s["store_ops_by_name"].items())),
         ("pg_stat_database xact_commit delta", xact_txt),
+        ("CPU per run: replicas / store server (ms)",
+         f"{_fmt(s.get('client_cpu_ms_per_run'), '.2f')} / "
+         f"{_fmt(s.get('server_cpu_ms_per_run'), '.2f')}"),
+        ("CPU in the window: replicas / store server (cores)",
+         f"{_fmt(s.get('client_cpu_cores'), '.2f')} / {_fmt(s.get('server_cpu_cores'), '.2f')}"),
+        ("memory per replica: mean / max (MiB)",
+         f"{_fmt(s.get('rss_mb_per_replica_mean'))} / {_fmt(s.get('rss_mb_per_replica_max'))}"),
+        ("start-up of the slowest replica: import / job specs / register (s)",
+         f"{_fmt(s.get('startup_import_s_max'), '.2f')} / "
+         f"{_fmt(s.get('startup_specs_s_max'), '.2f')} / "
+         f"{_fmt(s.get('startup_register_s_max'), '.2f')}"),
     ]  # fmt: skip
     lines = ["| measure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
