@@ -414,6 +414,21 @@ class AsyncScheduler:
         # replicas starting together do not queue on the same job rows.
         random.shuffle(specs)
         fingerprints = self.definitions.local
+        if len(specs) > _REGISTER_BATCH:
+            # Many jobs: one read of what the store holds, and only the definitions it does
+            # not hold are written (a restart, or the twentieth replica of a fleet, writes
+            # nothing). The jobs whose definition is already stored are planned from it.
+            rows = await self.store.run(self.ops.job_list(ns))
+            stored = {row.job: row for row in rows}
+            unchanged = [
+                spec
+                for spec in specs
+                if spec.name in stored and stored[spec.name].fingerprint == fingerprints[spec.name]
+            ]
+            for spec in unchanged:
+                self._add_job(spec, stored[spec.name], store_now)
+            held = {spec.name for spec in unchanged}
+            specs = [spec for spec in specs if spec.name not in held]
         for start in range(0, len(specs), _REGISTER_BATCH):
             chunk = specs[start : start + _REGISTER_BATCH]
             befores = await self.store.run(
