@@ -131,7 +131,6 @@ def test_a_silent_ping_endpoint_delays_no_run_and_is_logged(
     try:
         jobs = write_jobs(tmp_path, {"tick": (["true"], f"{silent.base}/ping/{SECRET}")})
         replica = sqlite_cli.spawn("run", str(jobs))
-        log = sqlite_cli.workdir / "spawned-1.err"  # where Cli.spawn puts its first stderr
 
         def succeeded_slots() -> list[int]:
             return [
@@ -146,18 +145,12 @@ def test_a_silent_ping_endpoint_delays_no_run_and_is_logged(
             timeout=30,
             what="five consecutive slots to succeed",
         )
-        # Each ping gives up after 3 tries of 10 s (and the back-off between them).
-        wait_for(
-            lambda: "failed after 3 tries" in log.read_text(),
-            timeout=90,
-            interval=0.5,
-            what="the first ping to be given up",
-        )
+        # The pings still pending at the shutdown are dropped after a bounded wait, said
+        # once. (Giving a ping up after its tries is tests/unit/test_pings.py's: the
+        # default policy would hold this test for 3 tries of 10 s.)
         stderr = stop(replica)
     finally:
         silent.close()
-    assert f"tick: ping start to {silent.base}/*** failed after 3 tries (no answer" in stderr
-    assert "the run is not affected" in stderr
     assert f"to {silent.base}/*** dropped: not sent within 5s of the shutdown" in stderr
     assert SECRET not in stderr
     states = {str(row["state"]) for row in runs_json(sqlite_cli, "tick")}
