@@ -4,9 +4,9 @@ fleetcron's queue on every backend beside procrastinate and pgqueuer on the same
 Run from the project root::
 
     .venv/bin/pip install -e '.[bench]'          # procrastinate, pgqueuer (+ asyncpg)
-    .venv/bin/python bench/queue.py              # full run: 5 rounds, about 11 minutes here
-    .venv/bin/python bench/queue.py --smoke      # quick check of every subject (< 1 minute)
-    .venv/bin/python bench/queue.py --only postgres,procrastinate,pgqueuer --rounds 3
+    .venv/bin/python bench/work_queue.py              # full run: 5 rounds, about 11 minutes here
+    .venv/bin/python bench/work_queue.py --smoke      # quick check of every subject (< 1 minute)
+    .venv/bin/python bench/work_queue.py --only postgres,procrastinate,pgqueuer --rounds 3
 
 Subjects (one client, sequential, one connection each):
 
