@@ -128,18 +128,6 @@ def _check(ok: object, what: str) -> None:
         raise BenchError(what)
 
 
-def _unshadow_stdlib_queue() -> None:
-    """Run as a script, this file's folder is ``sys.path[0]`` and its name is the standard
-    library's ``queue``, which psycopg_pool, redis and asyncio's executor import: drop the
-    folder before anything imports ``queue``."""
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
-    shadow = sys.modules.get("queue")
-    if shadow is not None and Path(getattr(shadow, "__file__", "") or "").resolve() == (
-        HERE / "queue.py"
-    ):
-        del sys.modules["queue"]
-
-
 def _load_locks() -> ModuleType:
     """``bench/locks.py``, for its counting relay and server probes."""
     spec = importlib.util.spec_from_file_location("fleetcron_bench_locks", HERE / "locks.py")
@@ -1045,7 +1033,6 @@ def quiet() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _unshadow_stdlib_queue()
     # procrastinate warns that its App is made in __main__: it matters to a worker that
     # imports tasks by path, not here, where the jobs are drained by hand.
     logging.getLogger("procrastinate").setLevel(logging.ERROR)
