@@ -29,6 +29,27 @@ CLAIM_V4 = """SELECT * FROM fleetcron_run_claim(
     %(run_id)s::text, %(exclusive)s::boolean, %(max_attempts)s::integer,
     %(trigger)s::text, %(least_us)s::bigint, %(holder)s::text, %(ttl_us)s::bigint,
     %(lost_error)s::text, %(deadline_us)s::bigint, %(missed_error)s::text)"""
+# The claim statement of a replica of schema version 10 (the definition check around the
+# call), as its queries.sql sent it.
+CLAIM_V10 = """WITH stored AS (
+    SELECT j.fingerprint FROM fleetcron_job AS j
+     WHERE j.namespace = %(namespace)s AND j.job = %(job)s
+       AND %(fingerprint)s::text IS NOT NULL
+       AND j.fingerprint NOT IN ('', %(fingerprint)s::text)
+),
+go AS (SELECT %(job)s::text AS job WHERE NOT EXISTS (SELECT 1 FROM stored))
+SELECT c.*, NULL::text
+  FROM go CROSS JOIN LATERAL fleetcron_run_claim_v3(
+    %(namespace)s::text, go.job, %(lease_name)s::text, %(slot_us)s::bigint,
+    %(run_id)s::text, %(exclusive)s::boolean, %(max_attempts)s::integer,
+    %(trigger)s::text, %(least_us)s::bigint, %(holder)s::text, %(ttl_us)s::bigint,
+    %(lost_error)s::text, %(deadline_us)s::bigint, %(missed_error)s::text,
+    %(progress)s::boolean, %(pausable)s::boolean) AS c
+UNION ALL
+SELECT CASE WHEN %(slot_us)s::bigint > now.us THEN 'not_due' ELSE 'conflict' END,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, now.us, stored.fingerprint
+  FROM stored, (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us) AS now"""
 # Settings a client may send at start-up that PgBouncer tracks per client.
 _CLIENT_SETTINGS_ALLOWED = {"application_name", "client_encoding"}
 _SESSION_SETTINGS = """
@@ -173,17 +194,19 @@ async def test_racing_batch_claims_keep_every_slot_once_under_a_serializable_def
             await store.close()
 
 
-def test_replicas_of_the_previous_and_the_new_schema_version_share_a_store(
-    namespace: str,
+@pytest.mark.parametrize(("version", "old_text"), [(4, CLAIM_V4), (10, CLAIM_V10)])
+def test_replicas_of_a_previous_and_the_new_schema_version_share_a_store(
+    namespace: str, version: int, old_text: str
 ) -> None:
-    """A rolling upgrade: a replica still on schema version 4 calls fleetcron_run_claim,
-    an upgraded one the claim function of today's queries.sql, on the same slots; each
-    slot runs once."""
+    """A rolling upgrade: a replica still on schema version 4 (fleetcron_run_claim) or 10
+    (fleetcron_run_claim_v3) claims beside an upgraded one sending the claim of today's
+    queries.sql, on the same slots; each slot runs once."""
     url = require_service("postgres")
     store = open_store(parse_store_url(url))  # migrated to the newest version
     assert isinstance(store, PostgresStore)
     new_text = store.queries["run_claim"]
-    assert "fleetcron_run_claim_v3(" in new_text
+    assert "fleetcron_run_claim_v4(" in new_text
+    assert version < store.latest_version
     now = store.run(store.ops.store_now())
     slot = now - now % MINUTE - MINUTE
     jobs = [f"job-{n}" for n in range(40)]
@@ -205,7 +228,7 @@ def test_replicas_of_the_previous_and_the_new_schema_version_share_a_store(
 
     try:
         threads = [
-            threading.Thread(target=replica, args=("old", CLAIM_V4, jobs)),
+            threading.Thread(target=replica, args=("old", old_text, jobs)),
             threading.Thread(target=replica, args=("new", new_text, jobs[::-1])),
         ]
         for thread in threads:

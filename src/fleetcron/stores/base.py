@@ -245,7 +245,10 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
     function call (PostgreSQL), one transaction of a multi-statement text (MySQL), one
     ``BEGIN IMMEDIATE`` transaction (SQLite), one Lua script (Redis), one step under a lock
     (memory) — except where a docstring says otherwise: the claims of a ``run_claim`` batch
-    are each atomic, one after another; operations over a whole namespace (``lease_list``,
+    (and the items of ``run_finish_many`` and ``job_register``) are each atomic, those of
+    one job one after another in input order, those of different jobs in any order
+    (PostgreSQL commits the items of distinct jobs together, one transaction per batch,
+    taking their locks in job order so that batches never deadlock); operations over a whole namespace (``lease_list``,
     ``run_list``, ``run_due``, ``run_prune``, ``job_list`` on Redis; ``run_settled``) read
     or change each row atomically, not the set as a whole.
     """

@@ -139,6 +139,34 @@ class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
     """Lease, run-ledger, work-queue and checkpoint operations of PostgreSQL."""
 
 
+def batch_transactions(batch: Sequence[Mapping[str, object]]) -> list[list[int]]:
+    """How a batch of per-job statements (claims, outcomes, registrations) is grouped into
+    transactions, by index: the *k*-th item of every job goes into the *k*-th transaction,
+    and each transaction holds its items in job order. So one transaction
+    commits a whole batch of distinct jobs (one flush of the WAL instead of one per item),
+    and every transaction takes its row locks in one global order — by job, and within a
+    job lease, run, job row, the order every ledger function keeps — so two batches never
+    wait for each other in a cycle. The items of one job keep their input order (the first
+    is decided first, in the first transaction). Items without a job each get a
+    transaction of their own."""
+
+    # Stable: the items of one job keep their input order, so they are decided in it.
+    keyed = sorted(
+        (i for i in range(len(batch)) if "job" in batch[i]), key=lambda i: str(batch[i]["job"])
+    )
+    groups: list[list[int]] = []
+    taken: dict[str, int] = {}
+    for index in keyed:
+        job = str(batch[index]["job"])
+        rank = taken.get(job, 0)
+        taken[job] = rank + 1
+        if rank == len(groups):
+            groups.append([])
+        groups[rank].append(index)
+    groups += [[i] for i in range(len(batch)) if "job" not in batch[i]]
+    return groups
+
+
 def _end_failed_transaction(conn: Any) -> None:
     """A claim stopped by an error leaves its explicit transaction open (a pipeline's Sync
     does not end it): roll it back, or every later statement would be refused."""
@@ -240,20 +268,32 @@ class PostgresStore(SqlSyncStore):
     def _execute_batch(
         self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
     ) -> list[SqlResult]:
-        cursors = [conn.cursor() for _ in batch]
-        try:
-            with conn.cursor() as side, conn.pipeline():
-                for cur, params in zip(cursors, batch, strict=True):
-                    side.execute(_BEGIN)
-                    cur.execute(sql, params)
-                    side.execute(_COMMIT)
-            return [_result(cur) for cur in cursors]
-        except psycopg.Error:
-            _end_failed_transaction(conn)
-            raise
-        finally:
-            for cur in cursors:
-                cur.close()
+        groups = batch_transactions(batch)
+        attempt = 0
+        while True:
+            cursors = [conn.cursor() for _ in batch]
+            try:
+                with conn.cursor() as side, conn.pipeline():
+                    for group in groups:
+                        side.execute(_BEGIN)
+                        for index in group:
+                            cursors[index].execute(sql, batch[index])
+                        side.execute(_COMMIT)
+                return [_result(cur) for cur in cursors]
+            except _RETRYABLE:
+                _end_failed_transaction(conn)
+                # One transaction refused as a whole changed nothing: send it again. With
+                # several, one may have committed before: the error goes up.
+                if attempt == _RETRIES - 1 or len(groups) > 1:
+                    raise
+                time.sleep(retry_pause(attempt))
+                attempt += 1
+            except psycopg.Error:
+                _end_failed_transaction(conn)
+                raise
+            finally:
+                for cur in cursors:
+                    cur.close()
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:
         return translate(exc)
@@ -374,22 +414,36 @@ class AsyncPostgresStore(AsyncSqlStore):
         self, sql: str, batch: Sequence[Mapping[str, object]]
     ) -> list[SqlResult]:
         conn = await self._connection()
-        cursors = [conn.cursor() for _ in batch]
+        groups = batch_transactions(batch)
+        attempt = 0
+        while True:
+            cursors = [conn.cursor() for _ in batch]
 
-        async def work() -> list[SqlResult]:
-            async with conn.cursor() as side, conn.pipeline():
-                for cur, params in zip(cursors, batch, strict=True):
-                    await side.execute(_BEGIN)
-                    await cur.execute(sql, params)
-                    await side.execute(_COMMIT)
-            results = []
-            for cur in cursors:
-                rows = await cur.fetchall() if cur.description is not None else []
-                results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
-            return results
+            async def work(cursors: list[Any] = cursors) -> list[SqlResult]:
+                async with conn.cursor() as side, conn.pipeline():
+                    for group in groups:
+                        await side.execute(_BEGIN)
+                        for index in group:
+                            await cursors[index].execute(sql, batch[index])
+                        await side.execute(_COMMIT)
+                results = []
+                for cur in cursors:
+                    rows = await cur.fetchall() if cur.description is not None else []
+                    results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
+                return results
 
-        try:
-            return await self._bounded(conn, work, in_transaction=True)
-        finally:
-            for cur in cursors:
-                await cur.close()
+            try:
+                return await self._bounded(conn, work, in_transaction=True)
+            except StoreError as error:
+                # As in the sync face: one transaction refused as a whole is sent again.
+                if (
+                    not isinstance(error.__cause__, _RETRYABLE)
+                    or attempt == _RETRIES - 1
+                    or len(groups) > 1
+                ):
+                    raise
+            finally:
+                for cur in cursors:
+                    await cur.close()
+            await asyncio.sleep(retry_pause(attempt))
+            attempt += 1

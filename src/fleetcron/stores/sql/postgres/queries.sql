@@ -122,30 +122,15 @@ SELECT pg_advisory_xact_lock(7310585240963158077);
 SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
 
 -- name: run_claim
--- Executed once per slot in one pipeline; each execution is its own transaction. A claim
--- made for another definition than the job's registered one (`stored` has a row) answers
--- 'conflict' with the registered fingerprint (or 'not_due', the first rule, for a slot the
--- clock has not reached) and writes nothing: `go` then has no row, so the claim function,
--- lateral to it, is never called. Otherwise the function's row, and a NULL fingerprint.
-WITH stored AS (
-    SELECT j.fingerprint FROM fleetcron_job AS j
-     WHERE j.namespace = %(namespace)s AND j.job = %(job)s
-       AND %(fingerprint)s::text IS NOT NULL
-       AND j.fingerprint NOT IN ('', %(fingerprint)s::text)
-),
-go AS (SELECT %(job)s::text AS job WHERE NOT EXISTS (SELECT 1 FROM stored))
-SELECT c.*, NULL::text
-  FROM go CROSS JOIN LATERAL fleetcron_run_claim_v3(
-    %(namespace)s::text, go.job, %(lease_name)s::text, %(slot_us)s::bigint,
+-- Executed once per slot in one pipeline; each execution is its own transaction. One row:
+-- the status, the 16 run columns (NULL unless claimed), the store's now, and the
+-- registered fingerprint when the claim was refused as a 'conflict' (migration 11).
+SELECT * FROM fleetcron_run_claim_v4(
+    %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
     %(run_id)s::text, %(exclusive)s::boolean, %(max_attempts)s::integer,
     %(trigger)s::text, %(least_us)s::bigint, %(holder)s::text, %(ttl_us)s::bigint,
     %(lost_error)s::text, %(deadline_us)s::bigint, %(missed_error)s::text,
-    %(progress)s::boolean, %(pausable)s::boolean) AS c
-UNION ALL
-SELECT CASE WHEN %(slot_us)s::bigint > now.us THEN 'not_due' ELSE 'conflict' END,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, now.us, stored.fingerprint
-  FROM stored, (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us) AS now;
+    %(progress)s::boolean, %(pausable)s::boolean, %(fingerprint)s::text);
 
 -- name: run_extend
 SELECT * FROM fleetcron_run_extend(
