@@ -551,7 +551,7 @@ class AsyncScheduler:
         due = self._due.soonest()
         if due is not None:
             soonest = min(soonest, due)
-        if self._foreign:
+        if self._foreign and self._may_adopt():
             soonest = min(soonest, max(self._foreign[0][0], self._adopt_at_us))
         # A few random milliseconds past the slot: replicas wake in a different order each
         # time, so the runs of a single job spread over them instead of going to one.
@@ -626,12 +626,20 @@ class AsyncScheduler:
         rows = await self.store.run(self.ops.replica_list(self.options.namespace, 0))
         self.ring.update(rows)
 
+    def _may_adopt(self) -> bool:
+        """Whether this replica has room and none of its own slots waiting."""
+        return not self._pending and len(self.supervisor.running) < self.options.concurrency
+
     async def _adopt(self, now: int) -> None:
         """Take on the slots of other replicas that are still free after their hand-over
         delay (their owner is down, frozen or behind): one read for up to
         :data:`_ADOPT_BATCH` of them; those the store has settled are dropped. While the
-        owners keep up (nothing left to adopt) the reads space out to once a second."""
+        owners keep up (nothing left to adopt) the reads space out to once a second. Only a
+        replica with room and none of its own slots waiting adopts: in a burst every replica
+        first drains its own share, then takes over what is left of the others'."""
         if not self._foreign or self._foreign[0][0] > now or now < self._adopt_at_us:
+            return
+        if not self._may_adopt():
             return
         ripe: list[SlotClaim] = []
         while self._foreign and self._foreign[0][0] <= now and len(ripe) < _ADOPT_BATCH:

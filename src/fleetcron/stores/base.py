@@ -248,9 +248,9 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
     (and the items of ``run_finish_many`` and ``job_register``) are each atomic, those of
     one job one after another in input order, those of different jobs in any order
     (PostgreSQL commits the items of distinct jobs together, one transaction per batch,
-    taking their locks in job order so that batches never deadlock); operations over a whole namespace (``lease_list``,
-    ``run_list``, ``run_due``, ``run_prune``, ``job_list`` on Redis; ``run_settled``) read
-    or change each row atomically, not the set as a whole.
+    taking their locks in job order so that batches never deadlock); operations over a
+    whole namespace (``lease_list``, ``run_list``, ``run_due``, ``run_prune``, ``job_list``
+    on Redis; ``run_settled``) read or change each row atomically, not the set as a whole.
     """
 
     def lease_acquire(
