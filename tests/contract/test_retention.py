@@ -151,6 +151,27 @@ def test_run_prune_job_deletes_at_most_limit_rows_a_call_oldest_slot_first(
     assert prune_job(ledger, "a", keep=0, limit=0) == 0
 
 
+def test_run_prune_jobs_applies_each_jobs_rule_in_one_round_trip(ledger: Ledger) -> None:
+    s = ledger.past_slots(5)
+    rows = [record_finished(ledger, job, slot) for job in ("a", "b", "c") for slot in s]
+    wait_older_than_age(ledger, *rows)
+    young = [record_finished(ledger, "c", slot) for slot in ledger.past_slots(2, step_us=1)]
+
+    counts = ledger.store.run(
+        ledger.ops.run_prune_jobs(
+            ledger.namespace,
+            [("a", 2, AGE), ("b", 0, AGE), ("c", 0, AGE), ("nobody", 0, AGE), ("b", 0, AGE)],
+            4,
+        )
+    )
+
+    assert counts == [3, 4, 4, 0, 1]  # b: 4 (the limit), then the last one
+    assert slots(ledger, "a") == s[3:]
+    assert slots(ledger, "b") == []
+    assert slots(ledger, "c") == sorted([s[4], *(run.slot_us for run in young)])
+    assert ledger.store.run(ledger.ops.run_prune_jobs(ledger.namespace, [], 4)) == []
+
+
 def test_run_prune_job_dry_run_counts_up_to_the_limit_and_deletes_nothing(
     ledger: Ledger,
 ) -> None:

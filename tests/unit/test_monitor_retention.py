@@ -115,7 +115,8 @@ async def test_a_pass_stops_once_the_lease_is_lost() -> None:
     clock.advance(3600)
     answers = iter([True, False])
 
-    result = await Pruner(AsyncMemoryStore(store), NS, specs).prune(lambda: next(answers, False))
+    pruner = Pruner(AsyncMemoryStore(store), NS, specs, jobs_per_round_trip=1)
+    result = await pruner.prune(lambda: next(answers, False))
 
     assert result.pruned == {"a": 2}
     assert not result.complete
@@ -228,3 +229,32 @@ async def test_the_scheduler_gives_the_monitor_its_live_jobs_and_the_retention_p
     assert scheduler.monitor.retention_s == 30
     off = AsyncScheduler(store, jobs, SchedulerOptions(namespace=NS, retention_s=0))
     assert off.monitor.pruner is None
+
+
+class _PruneCalls(AsyncMemoryStore):
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self.calls: list[int] = []
+
+    async def run(self, operation: Any) -> Any:
+        if getattr(operation, "__name__", "") == "run_prune_jobs":
+            self.calls.append(len(operation.gi_frame.f_locals["rules"]))
+        return await super().run(operation)
+
+
+async def test_a_pass_prunes_many_jobs_per_round_trip_and_asks_again_only_for_full_ones() -> None:
+    store, clock = fleet()
+    specs = {
+        f"job{i:03d}": job(f"job{i:03d}", retention="1m", retention_keep=0) for i in range(450)
+    }
+    record(store, clock, "job007", 5)
+    record(store, clock, "job300", 1)
+    clock.advance(3600)
+    counting = _PruneCalls(store)
+
+    result = await Pruner(counting, NS, specs, limit=2).prune()
+
+    assert result.pruned == {"job007": 5, "job300": 1}
+    # 450 jobs at 200 per round trip; then job007 (2 of its 5 went) twice more.
+    assert counting.calls == [200, 200, 50, 1, 1]
+    assert slots_of(store, "job007") == []

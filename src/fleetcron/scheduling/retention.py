@@ -6,8 +6,9 @@ its newest ``retention_keep`` (default 100) whatever their age
 retry is never deleted. The replica that holds the namespace's monitor lease
 (:mod:`fleetcron.scheduling.monitor`) applies the rule of every job it defines each
 ``retention_s`` (10 minutes): one pass deletes at most :data:`PASS_BATCHES` ×
-:data:`PRUNE_LIMIT` rows per job, one short store operation per batch, so a large backlog
-goes over several passes and no pass holds the store for long. The pass logs how many rows
+:data:`PRUNE_LIMIT` rows per job, the jobs :data:`JOBS_PER_ROUND_TRIP` at a time in one
+store operation, so a large backlog goes over several passes and no pass holds the store
+for long. The pass logs how many rows
 went (``runs_pruned``).
 
 Job rows no replica defines any more are never deleted in the background. A job row this
@@ -33,6 +34,7 @@ from fleetcron.stores.base import AsyncStore, Operation, Operations, SyncStore
 __all__ = [
     "COUNT_LIMIT",
     "DEFAULT_RETENTION_S",
+    "JOBS_PER_ROUND_TRIP",
     "ORPHAN_AFTER_US",
     "PASS_BATCHES",
     "PRUNE_LIMIT",
@@ -57,6 +59,9 @@ PRUNE_LIMIT = 500
 """Rows deleted by one store operation (one job, one round trip, one short transaction)."""
 PASS_BATCHES = 10
 """Operations per job in one background pass, at most (so 5,000 rows per job per pass)."""
+JOBS_PER_ROUND_TRIP = 200
+"""Jobs pruned by one store operation of a pass (each job's deletion on its own): a pass
+over 10,000 jobs with nothing to delete is 50 round trips, not 10,000."""
 ORPHAN_AFTER_US = 7 * 86_400_000_000
 """A job row idle this long, and defined by no replica that watches, is an orphan."""
 COUNT_LIMIT = 100_000
@@ -257,8 +262,9 @@ class Pruner:
 
     ``specs`` is the replica's live mapping of its jobs (a reload changes it in place), so
     each pass applies the rules of the jobs file in force. ``limit`` and ``batches`` bound
-    the work per job per pass; ``orphan_after_us`` is how long a job row this replica does
-    not define must be idle to be reported.
+    the work per job per pass, ``jobs_per_round_trip`` the jobs of one store operation;
+    ``orphan_after_us`` is how long a job row this replica does not define must be idle to
+    be reported.
     """
 
     def __init__(
@@ -270,6 +276,7 @@ class Pruner:
         limit: int = PRUNE_LIMIT,
         batches: int = PASS_BATCHES,
         orphan_after_us: int = ORPHAN_AFTER_US,
+        jobs_per_round_trip: int = JOBS_PER_ROUND_TRIP,
     ) -> None:
         self.store = store
         self.namespace = namespace
@@ -277,6 +284,7 @@ class Pruner:
         self.limit = limit
         self.batches = batches
         self.orphan_after_us = orphan_after_us
+        self.jobs_per_round_trip = jobs_per_round_trip
         self._reported: set[str] = set()
 
     def new_watch(self) -> None:
@@ -286,28 +294,32 @@ class Pruner:
     async def prune(self, watching: Callable[[], bool] = lambda: True) -> PassResult:
         """One pass: each job's rule, then the orphan report. Stops early once
         ``watching()`` is false (the monitor lease was lost). Store errors propagate."""
-        ops, pruned = self.store.ops, {}
+        ops, pruned = self.store.ops, dict[str, int]()
         complete = True
-        for name in sorted(self.specs):
-            spec = self.specs.get(name)
-            if spec is None:
-                continue  # removed by a reload meanwhile
-            if not watching():
-                complete = False
-                break
-            rule = spec.retention
-            deleted = 0
-            for _ in range(self.batches):
-                batch = await self.store.run(
-                    ops.run_prune_job(
-                        self.namespace, name, rule.keep, rule.older_than_us, self.limit
-                    )
-                )
-                deleted += batch
-                if batch < self.limit:
+        # Each round asks about `jobs_per_round_trip` jobs in one round trip; a job that
+        # had `limit` rows to go is asked again in the next round, up to `batches` rounds.
+        pending = sorted(self.specs)
+        for _ in range(self.batches):
+            again: list[str] = []
+            for start in range(0, len(pending), self.jobs_per_round_trip):
+                if not watching():
+                    complete = False
                     break
-            if deleted:
-                pruned[name] = deleted
+                # A job removed by a reload meanwhile is no longer pruned.
+                rules = [
+                    (name, spec.retention.keep, spec.retention.older_than_us)
+                    for name in pending[start : start + self.jobs_per_round_trip]
+                    if (spec := self.specs.get(name)) is not None
+                ]
+                counts = await self.store.run(ops.run_prune_jobs(self.namespace, rules, self.limit))
+                for (name, _, _), count in zip(rules, counts, strict=True):
+                    if count:
+                        pruned[name] = pruned.get(name, 0) + count
+                    if count >= self.limit:
+                        again.append(name)
+            if not complete or not again:
+                break
+            pending = again
         result = PassResult(pruned=pruned, complete=complete)
         if result.total:
             log.info(

@@ -379,6 +379,14 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         so a backend may bound its search by the slot as well."""
         ...
 
+    def run_prune_jobs(
+        self, namespace: str, rules: Sequence[tuple[str, int, int]], limit: int
+    ) -> Operation[list[int]]:
+        """:meth:`run_prune_job` for many jobs in one round trip: ``rules`` are ``(job,
+        keep, older_than_us)``; up to ``limit`` rows of each job; how many went, per job,
+        in input order. Each job's deletion is atomic on its own."""
+        ...
+
     def job_delete(self, namespace: str, job: str, dry_run: bool = False) -> Operation[bool]:
         """Delete the job's row (definition, pause flag, progress) unless the job has a
         ``queued`` or ``running`` run; whether it was deleted — ``False``, changing

@@ -372,26 +372,21 @@ class _MemoryLedger:
         dry_run: bool = False,
     ) -> Operation[int]:
         def step(state: _State, now: int) -> int:
-            finished = sorted(
-                (
-                    run
-                    for (ns, name, _), run in state.runs.items()
-                    if ns == namespace and name == job and _finished(run)
-                ),
-                key=lambda run: -run.slot_us,
-            )
-            beyond = finished[max(keep, 0) :]
-            doomed = sorted(
-                run.slot_us
-                for run in beyond
-                if run.finished_us is not None and run.finished_us < now - older_than_us
-            )[: max(limit, 0)]
-            if not dry_run:
-                for slot_us in doomed:
-                    del state.runs[(namespace, job, slot_us)]
-            return len(doomed)
+            return _prune_job(state, namespace, job, keep, older_than_us, limit, dry_run, now)
 
         result: int = yield _step(step)
+        return result
+
+    def run_prune_jobs(
+        self, namespace: str, rules: Sequence[tuple[str, int, int]], limit: int
+    ) -> Operation[list[int]]:
+        def step(state: _State, now: int) -> list[int]:
+            return [
+                _prune_job(state, namespace, job, keep, older_than_us, limit, False, now)
+                for job, keep, older_than_us in rules
+            ]
+
+        result: list[int] = yield _step(step)
         return result
 
     def job_delete(self, namespace: str, job: str, dry_run: bool = False) -> Operation[bool]:
@@ -612,3 +607,34 @@ def _finish(state: _State, namespace: str, finish: RunFinish, now: int) -> bool:
     if job_row is not None:
         state.jobs[(namespace, finish.job)] = job_row
     return True
+
+
+def _prune_job(
+    state: _State,
+    namespace: str,
+    job: str,
+    keep: int,
+    older_than_us: int,
+    limit: int,
+    dry_run: bool,
+    now: int,
+) -> int:
+    """The retention of one job (:meth:`MemoryOperations.run_prune_job`)."""
+    finished = sorted(
+        (
+            run
+            for (ns, name, _), run in state.runs.items()
+            if ns == namespace and name == job and _finished(run)
+        ),
+        key=lambda run: -run.slot_us,
+    )
+    beyond = finished[max(keep, 0) :]
+    doomed = sorted(
+        run.slot_us
+        for run in beyond
+        if run.finished_us is not None and run.finished_us < now - older_than_us
+    )[: max(limit, 0)]
+    if not dry_run:
+        for slot_us in doomed:
+            del state.runs[(namespace, job, slot_us)]
+    return len(doomed)

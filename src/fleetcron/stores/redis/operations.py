@@ -432,6 +432,19 @@ class _RedisLedger:
         )
         return int(reply)
 
+    def run_prune_jobs(
+        self, namespace: str, rules: Sequence[tuple[str, int, int]], limit: int
+    ) -> Operation[list[int]]:
+        if limit <= 0 or not rules:
+            return [0] * len(rules)
+        # One call per job (its own hash slot), all in one pipeline.
+        calls = tuple(
+            ((slots_key(namespace, job),), (max(keep, 0), older_than_us, limit, 0))
+            for job, keep, older_than_us in rules
+        )
+        replies = yield ScriptCalls("run_prune_job", calls)
+        return [int(reply) for reply in replies]
+
     def job_delete(self, namespace: str, job: str, dry_run: bool = False) -> Operation[bool]:
         reply = yield Script(
             "job_delete",

@@ -365,6 +365,20 @@ class SqlLedger:
         )
         return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
 
+    def run_prune_jobs(
+        self, namespace: str, rules: Sequence[tuple[str, int, int]], limit: int
+    ) -> Operation[list[int]]:
+        if limit <= 0 or not rules:
+            return [0] * len(rules)
+        batch = tuple(
+            prune_job_params(namespace, job, keep, older_than_us, limit)
+            for job, keep, older_than_us in rules
+        )
+        results: list[SqlResult] = yield QueryBatch("run_prune_job", batch)
+        return [
+            int(result.rows[0][0]) if result.rows else max(result.rowcount, 0) for result in results
+        ]
+
     def job_delete(self, namespace: str, job: str, dry_run: bool = False) -> Operation[bool]:
         name = "job_delete_preview" if dry_run else "job_delete"
         result: SqlResult = yield Query(name, {"namespace": namespace, "job": job})

@@ -259,6 +259,16 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         result: SqlResult = yield Query("run_prune_job", params)
         return len(result.rows)  # one row (RETURNING 1) per deleted row
 
+    def run_prune_jobs(
+        self, namespace: str, rules: Sequence[tuple[str, int, int]], limit: int
+    ) -> Operation[list[int]]:
+        counts = []
+        for job, keep, older_than_us in rules:
+            # Not a comprehension: `yield` is not allowed in one.
+            count = yield from self.run_prune_job(namespace, job, keep, older_than_us, limit)
+            counts.append(count)
+        return counts
+
     def job_register(
         self, namespace: str, jobs: Sequence[tuple[str, str, str]]
     ) -> Operation[list[JobRecord | None]]:
