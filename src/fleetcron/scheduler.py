@@ -176,6 +176,7 @@ class AsyncScheduler:
         self.signals = _Signals()
         self._jobs: dict[str, PlannedJob] = {}
         self._pending: deque[SlotClaim] = deque()
+        self._buffered: set[str] = set()  # jobs with a slot waiting for their running attempt
         self._due = DueHeap()
         self._catching_up: set[tuple[str, int]] = set()
         self._offset_us = 0
@@ -727,14 +728,20 @@ class AsyncScheduler:
     async def _claim_batch(self) -> bool:
         """Claim one batch; whether some slot turned out taken elsewhere."""
         room = self.options.concurrency - len(self.supervisor.running)
-        if room <= 0 or not (self._pending or any(j.buffered for j in self._jobs.values())):
+        if room <= 0 or not (self._pending or self._buffered):
             return False
         if self._contended and self._pending:
             await self._sift(room)
         claims: list[SlotClaim] = []
         blocked: list[SlotClaim] = []
-        for job in self._jobs.values():
-            if job.buffered is not None and len(claims) < room:
+        # The jobs holding a buffered slot, not every job: a pass costs what is due.
+        for name in list(self._buffered):
+            job = self._jobs.get(name)
+            if job is None or job.buffered is None:
+                self._buffered.discard(name)
+                continue
+            if len(claims) < room:
+                self._buffered.discard(name)
                 claim = claim_for(job.spec, job.buffered, "schedule")
                 (blocked if job.spec.name in self.supervisor.abandoned else claims).append(claim)
                 job.buffered = None
@@ -875,6 +882,7 @@ class AsyncScheduler:
                     "superseded",
                 )
             job.buffered = max(claim.slot_us, job.buffered or 0)
+            self._buffered.add(claim.job)
             if overlap == "cancel_other":
                 asked = await self.store.run(self.ops.run_cancel(ns, claim.job))
                 log.info(
