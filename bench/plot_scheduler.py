@@ -2,6 +2,9 @@
 second of the store's clock.
 
     .venv/bin/python bench/plot_scheduler.py out.png result.json [result.json ...]
+    .venv/bin/python bench/plot_scheduler.py out.png "before=a.json" "after=b.json"
+
+A ``NAME=`` prefix puts NAME before the run's description in the legend.
 
 Needs matplotlib (the ``bench`` extra).
 """
@@ -30,21 +33,23 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     out = Path(argv[0])
-    results = [json.loads(Path(name).read_text()) for name in argv[1:]]
     fig, (cdf, rate) = plt.subplots(1, 2, figsize=(12, 4.6))
-    for result in results:
+    for arg in argv[1:]:
+        name, _, path = arg.rpartition("=")
+        result = json.loads(Path(path).read_text())
+        legend = f"{name}: {label(result)}" if name else label(result)
         s = result["summary"]
         lags = s.get("lag_ms_percentiles") or []
         if lags:
-            cdf.plot([v / 1000 for v in lags], range(len(lags)), label=label(result))
+            cdf.plot([v / 1000 for v in lags], range(len(lags)), label=legend)
         per_s = {int(k): v for k, v in s.get("runs_started_per_s", {}).items()}
         if per_s:
             xs = list(range(min(per_s), max(per_s) + 1))
-            rate.plot(xs, [per_s.get(x, 0) for x in xs], label=label(result), linewidth=1)
+            rate.plot(xs, [per_s.get(x, 0) for x in xs], label=legend, linewidth=1)
     cdf.set_xscale("symlog", linthresh=0.1)
-    ticks = [0, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20]
+    ticks = [0, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50]
     cdf.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    cdf.set_xlim(0, 25)
+    cdf.set_xlim(0, 60)
     cdf.set_xlabel("fire lag: run start − (slot + jitter), s (store clock)")
     cdf.set_ylabel("percentile of runs in the window")
     cdf.axvline(1.0, color="#999999", linestyle=":", linewidth=1)

@@ -73,6 +73,7 @@ _REGISTER_BATCH = 500  # job definitions per registration round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
 _ADOPT_EVERY_US = (250_000, 1_000_000)  # how often others' waiting slots are looked at
 _ADOPT_BATCH = 2000  # others' slots looked at per read
+_COLLECT_LATER_US = 100_000  # slots other replicas own are collected at most this often
 _RING_RESYNC_US = 1_000_000  # the ring is read again at most this often when it is stale
 CLOCK_RESYNC_US = 1_000_000
 """The store's clock is read again at most this often while its estimate holds."""
@@ -177,7 +178,8 @@ class AsyncScheduler:
         self._jobs: dict[str, PlannedJob] = {}
         self._pending: deque[SlotClaim] = deque()
         self._buffered: set[str] = set()  # jobs with a slot waiting for their running attempt
-        self._due = DueHeap()
+        self._due = DueHeap(delay=self._collect_delay)
+        self._later_at_us = 0  # the next collection of slots other replicas own
         self._catching_up: set[tuple[str, int]] = set()
         self._offset_us = 0
         self._synced_us: int | None = None  # monotonic µs of the last clock reading
@@ -552,6 +554,9 @@ class AsyncScheduler:
         due = self._due.soonest()
         if due is not None:
             soonest = min(soonest, due)
+        later = self._due.soonest_later()
+        if later is not None:
+            soonest = min(soonest, max(later, self._later_at_us))
         if self._foreign and self._may_adopt():
             soonest = min(soonest, max(self._foreign[0][0], self._adopt_at_us))
         # A few random milliseconds past the slot: replicas wake in a different order each
@@ -567,6 +572,14 @@ class AsyncScheduler:
         # A job can be in the heap twice after a reload changed it, or no longer planned
         # after one removed it: each planned job is collected once.
         names = dict.fromkeys(self._due.pop_due(now))
+        later: set[str] = set()
+        if now >= self._later_at_us:
+            # The jobs whose next slot another replica owns, collected together at most
+            # every _COLLECT_LATER_US, once their hand-over delay has passed.
+            later.update(self._due.pop_later(now))
+            if later:
+                self._later_at_us = now + _COLLECT_LATER_US
+            names.update(dict.fromkeys(later))
         due = [self._jobs[name] for name in names if name in self._jobs]
         # Every replica collects the same slots at the same moment: each one queues the
         # jobs in its own random order (a job's slots stay in order), so their first
@@ -577,7 +590,8 @@ class AsyncScheduler:
             for job in due:
                 for claim in await self._collect(job, now):
                     if self._shared(claim):
-                        self._wait_for_owner(claim, now)
+                        # Collected after its delay already: ripe for adoption now.
+                        self._wait_for_owner(claim, now, ripe=job.spec.name in later)
                     else:
                         self._pending.append(claim)
         finally:
@@ -598,12 +612,28 @@ class AsyncScheduler:
         """Whether ``claim`` is a fresh slot another replica owns (claim mode only)."""
         return self.options.mode == "claim" and not self.ring.owns(claim.job, claim.slot_us)
 
-    def _wait_for_owner(self, claim: SlotClaim, now: int) -> None:
+    def _collect_delay(self, spec: JobSpec, slot_us: int) -> int:
+        """How long after its fire time a slot is collected: at once when this replica owns
+        it (or runs alone, or leads), else after its hand-over wait (:meth:`_handover`)."""
+        if self.options.mode != "claim" or self.ring.owns(spec.name, slot_us):
+            return 0
+        return self._handover(deadline(spec, slot_us), slot_us)
+
+    @staticmethod
+    def _handover(deadline_us: int | None, slot_us: int) -> int:
+        """A quarter of the time the slot's catch-up policy gives it, at most
+        :data:`HANDOVER_US` (at least 1 µs: another's slot always waits)."""
+        if deadline_us is None:
+            return HANDOVER_US
+        return max(1, min(HANDOVER_US, (deadline_us - slot_us) // 4))
+
+    def _wait_for_owner(self, claim: SlotClaim, now: int, *, ripe: bool = False) -> None:
         """Queue another replica's slot for adoption: looked at after a quarter of the time
-        its catch-up policy gives it (at most :data:`HANDOVER_US`), and the reads are
-        spaced so that it is looked at again before half of that time has passed."""
+        its catch-up policy gives it (at most :data:`HANDOVER_US`; at once when ``ripe``,
+        collected after that wait already), and the reads are spaced so that it is looked
+        at again before half of that time has passed."""
         window = None if claim.deadline_us is None else claim.deadline_us - claim.slot_us
-        wait = HANDOVER_US if window is None else max(0, min(HANDOVER_US, window // 4))
+        wait = 0 if ripe else self._handover(claim.deadline_us, claim.slot_us)
         if window is not None:
             self._adopt_cap_us = min(self._adopt_cap_us, max(window // 2, 1))
             # Reads spaced out while owners kept up must not pass this slot's deadline.

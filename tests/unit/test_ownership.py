@@ -12,6 +12,7 @@ from fleetcron.models import ReplicaInfo, ReplicaRecord
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling.heartbeat import jobs_fingerprint
 from fleetcron.scheduling.ownership import Ring
+from fleetcron.scheduling.planning import DueHeap, PlannedJob
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from unit.test_scheduler import spec, until_signalled
 
@@ -162,3 +163,20 @@ async def test_live_replicas_claim_their_own_slots_instead_of_racing_for_all() -
     assert taken <= ran[0] // 10, (taken, ran[0], [s.statuses for s in stores])
     shares = [s.statuses["claimed"] for s in stores]
     assert min(shares) >= ran[0] // 4, shares
+
+
+def test_a_job_whose_next_slot_another_replica_owns_waits_in_the_later_heap() -> None:
+    theirs = {"b"}
+    heap = DueHeap(delay=lambda spec, slot: 250_000 if spec.name in theirs else 0)
+    jobs = {
+        name: PlannedJob(spec=spec(name, lambda ctx: None, every="1s"), cursor_us=0)
+        for name in "ab"
+    }
+    for job in jobs.values():
+        heap.push(job)
+
+    assert heap.soonest() == 1_000_000  # a's next slot, collected at its fire time
+    assert heap.soonest_later() == 1_250_000  # b's, after its hand-over delay
+    assert heap.pop_due(1_000_000) == ["a"]
+    assert heap.pop_later(1_249_999) == []
+    assert heap.pop_later(1_250_000) == ["b"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetcron.jobspec import JobSpec
@@ -45,28 +46,51 @@ class PlannedJob:
 
 @dataclass
 class DueHeap:
-    """Each job's next fire time (slot + jitter), soonest first."""
+    """Each job's next fire time (slot + jitter), soonest first.
 
+    ``delay(spec, slot)`` says how long after its fire time a slot may be collected (0:
+    at once). A job whose next slot waits goes in a second heap, at its fire time plus
+    the delay: the scheduler collects those in batches (``pop_later``), so a replica does
+    not wake for every slot another replica owns."""
+
+    delay: Callable[[JobSpec, int], int] | None = None
     _heap: list[tuple[int, str]] = field(default_factory=list)
+    _later: list[tuple[int, str]] = field(default_factory=list)
 
     def push(self, job: PlannedJob) -> None:
-        """Put the job's next slot after its cursor, with its jitter, in the heap."""
+        """Put the job's next slot after its cursor, with its jitter, in a heap."""
         spec = job.spec
         following = spec.schedule.next_after(job.cursor_us)
         if following is not None:
             fire = following + jitter_us(spec.name, following, spec.jitter_us)
-            heapq.heappush(self._heap, (fire, spec.name))
+            wait = self.delay(spec, following) if self.delay is not None else 0
+            if wait > 0:
+                heapq.heappush(self._later, (fire + wait, spec.name))
+            else:
+                heapq.heappush(self._heap, (fire, spec.name))
 
     def pop_due(self, now_us: int) -> list[str]:
         """The names of the jobs whose next fire time has come (they leave the heap)."""
-        due = []
-        while self._heap and self._heap[0][0] <= now_us:
-            due.append(heapq.heappop(self._heap)[1])
-        return due
+        return _pop(self._heap, now_us)
+
+    def pop_later(self, now_us: int) -> list[str]:
+        """The names of the waiting jobs whose delay has passed (they leave the heap)."""
+        return _pop(self._later, now_us)
 
     def soonest(self) -> int | None:
-        """The next fire time of any job."""
+        """The next fire time of any job collected at once."""
         return self._heap[0][0] if self._heap else None
+
+    def soonest_later(self) -> int | None:
+        """When the next waiting job may be collected."""
+        return self._later[0][0] if self._later else None
+
+
+def _pop(heap: list[tuple[int, str]], now_us: int) -> list[str]:
+    due = []
+    while heap and heap[0][0] <= now_us:
+        due.append(heapq.heappop(heap)[1])
+    return due
 
 
 @dataclass(frozen=True, slots=True)
