@@ -81,6 +81,7 @@ from fleetcron.models import (
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.base import Operation, Operations
 from fleetcron.stores.memory import MemoryOperations, MemoryStore, _State
+from fleetcron.stores.sql.postgres import PostgresStore, batch_transactions
 from fleetcron.stores.statements import Step
 from services import require_service
 
@@ -614,7 +615,9 @@ class StoreModel(RuleBasedStateMachine):
     ) -> list[ClaimResult]:
         """Claim a batch on both sides. The claims of a batch are atomic one after another
         (each may read the clock anew), so the reference takes them one by one, each at an
-        instant no earlier than the one before."""
+        instant no earlier than the one before, in the order the store decides them: input
+        order, except on PostgreSQL, which commits a batch's jobs together in job order
+        (the claims of one job still in input order: :func:`batch_transactions`)."""
         type(self).counts["claim"] += 1
         real, low, high = self._observe(
             label, lambda ops, _: ops.run_claim(self.ns, list(claims), holder, ttl_us)
@@ -622,11 +625,17 @@ class StoreModel(RuleBasedStateMachine):
         picture = self._real_picture()
         if [(a.job, a.slot_us) for a in real] != [(c.job, c.slot_us) for c in claims]:
             raise Disagreement(f"{label}: answers not in input order: {real!r}")
-        for index, (claim, answer) in enumerate(zip(claims, real, strict=True)):
-            pinned = [a.run.now_us for a in real[index + 1 :] if a.run is not None]
+        order = list(range(len(claims)))
+        if isinstance(self.store, PostgresStore):
+            groups = batch_transactions([{"job": claim.job} for claim in claims])
+            order = [index for group in groups for index in group]
+        for position, index in enumerate(order):
+            claim, answer = claims[index], real[index]
+            later = order[position + 1 :]
+            pinned = [run.now_us for i in later if (run := real[i].run) is not None]
             until = min(pinned, default=high)
             key = (claim.job, claim.slot_us)
-            again = any((c.job, c.slot_us) == key for c in claims[index + 1 :])
+            again = any((claims[i].job, claims[i].slot_us) == key for i in later)
             chosen = self._decide_claim(claim, answer, picture, low, until, holder, ttl_us, again)
             if chosen is None:
                 self._disagree(
