@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
-from fleetcron.stores.base import Statement
+from fleetcron.stores.base import Operation, Statement
+from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+
+T = TypeVar("T")
 
 
 class FakeExecute:
@@ -23,3 +27,25 @@ class FakeExecute:
     def names(self) -> list[str]:
         """The name of each statement (``scan`` for a key scan)."""
         return [getattr(statement, "name", "scan") for statement in self.statements]
+
+
+class Recorded(AsyncMemoryStore):
+    """The async face of a memory store that notes every operation it runs: ``calls[name]``
+    holds the arguments of each call (the operation's parameters, read before it runs) and
+    ``answers[name]`` what each answered. ``recording`` turns the notes off and on."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self.calls: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.answers: defaultdict[str, list[Any]] = defaultdict(list)
+        self.recording = True
+
+    async def run(self, operation: Operation[T]) -> T:
+        name = getattr(operation, "__name__", "")
+        recording = self.recording
+        if recording:
+            self.calls[name].append(dict(operation.gi_frame.f_locals))  # type: ignore[attr-defined]
+        result = await super().run(operation)
+        if recording:
+            self.answers[name].append(result)
+        return result

@@ -17,6 +17,7 @@ from fleetcron.scheduling.monitor import Monitor
 from fleetcron.scheduling.retention import Pruner
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.testing import FakeClock
+from unit.fakes import Recorded
 
 NS = "ret"
 MIN = 60_000_000
@@ -231,17 +232,6 @@ async def test_the_scheduler_gives_the_monitor_its_live_jobs_and_the_retention_p
     assert off.monitor.pruner is None
 
 
-class _PruneCalls(AsyncMemoryStore):
-    def __init__(self, store: MemoryStore) -> None:
-        super().__init__(store)
-        self.calls: list[int] = []
-
-    async def run(self, operation: Any) -> Any:
-        if getattr(operation, "__name__", "") == "run_prune_jobs":
-            self.calls.append(len(operation.gi_frame.f_locals["rules"]))
-        return await super().run(operation)
-
-
 async def test_a_pass_prunes_many_jobs_per_round_trip_and_asks_again_only_for_full_ones() -> None:
     store, clock = fleet()
     specs = {
@@ -250,11 +240,11 @@ async def test_a_pass_prunes_many_jobs_per_round_trip_and_asks_again_only_for_fu
     record(store, clock, "job007", 5)
     record(store, clock, "job300", 1)
     clock.advance(3600)
-    counting = _PruneCalls(store)
+    counting = Recorded(store)
 
     result = await Pruner(counting, NS, specs, limit=2).prune()
 
     assert result.pruned == {"job007": 5, "job300": 1}
     # 450 jobs at 200 per round trip; then job007 (2 of its 5 went) twice more.
-    assert counting.calls == [200, 200, 50, 1, 1]
+    assert [len(call["rules"]) for call in counting.calls["run_prune_jobs"]] == [200, 200, 50, 1, 1]
     assert slots_of(store, "job007") == []

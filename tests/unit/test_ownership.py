@@ -14,6 +14,7 @@ from fleetcron.scheduling.heartbeat import jobs_fingerprint
 from fleetcron.scheduling.ownership import Ring
 from fleetcron.scheduling.planning import DueHeap, PlannedJob
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from unit.fakes import Recorded
 from unit.test_scheduler import spec, until_signalled
 
 NS = "ownership"
@@ -115,25 +116,17 @@ async def test_the_slots_of_a_replica_that_is_down_still_run_exactly_once() -> N
     )
 
 
-class _Answers(AsyncMemoryStore):
-    """Counts the claim answers by status, from ``counting`` on."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        super().__init__(store)
-        self.counting = False
-        self.statuses: Counter[str] = Counter()
-
-    async def run(self, operation: Any) -> Any:
-        result = await super().run(operation)
-        if self.counting and getattr(operation, "__name__", "") == "run_claim":
-            self.statuses.update(answer.status for answer in result)
-        return result
+def _statuses(store: Recorded) -> Counter[str]:
+    """How the claims the store ran were answered."""
+    return Counter(answer.status for answers in store.answers["run_claim"] for answer in answers)
 
 
 async def test_live_replicas_claim_their_own_slots_instead_of_racing_for_all() -> None:
     store = MemoryStore()
     jobs = [spec(f"job{i}", lambda ctx: None, every="200ms") for i in range(20)]
-    stores = [_Answers(store), _Answers(store)]
+    stores = [Recorded(store), Recorded(store)]
+    for recorded in stores:
+        recorded.recording = False  # from the moment the rings agree
     schedulers = [
         AsyncScheduler(s, jobs, SchedulerOptions(namespace=NS, shutdown_grace_s=1.0))
         for s in stores
@@ -142,7 +135,7 @@ async def test_live_replicas_claim_their_own_slots_instead_of_racing_for_all() -
     ran: list[int] = []
 
     def claimed() -> int:
-        return sum(s.statuses["claimed"] for s in stores)
+        return sum(_statuses(s)["claimed"] for s in stores)
 
     def rings_agree() -> bool:
         return all(len(s.ring.members) == 2 for s in schedulers)
@@ -150,7 +143,7 @@ async def test_live_replicas_claim_their_own_slots_instead_of_racing_for_all() -
     try:
         await until_signalled(schedulers, rings_agree)
         for s in stores:
-            s.counting = True
+            s.recording = True
         await until_signalled(schedulers, lambda: claimed() >= 200)
         ran.append(claimed())
     finally:
@@ -158,10 +151,10 @@ async def test_live_replicas_claim_their_own_slots_instead_of_racing_for_all() -
             scheduler.stop()
         await asyncio.gather(*tasks)
 
-    taken = sum(s.statuses["taken"] for s in stores)
+    taken = sum(_statuses(s)["taken"] for s in stores)
     # Racing for every slot, each claimed slot would cost the other replica a "taken".
-    assert taken <= ran[0] // 10, (taken, ran[0], [s.statuses for s in stores])
-    shares = [s.statuses["claimed"] for s in stores]
+    assert taken <= ran[0] // 10, (taken, ran[0], [_statuses(s) for s in stores])
+    shares = [_statuses(s)["claimed"] for s in stores]
     assert min(shares) >= ran[0] // 4, shares
 
 

@@ -8,23 +8,16 @@ from typing import Any
 
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from unit.fakes import Recorded
 from unit.test_scheduler import spec
 
 NS = "registration"
 MANY = 700  # more than one registration batch
 
 
-class _Registrations(AsyncMemoryStore):
-    """Notes the names each job_register writes."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        super().__init__(store)
-        self.written: list[str] = []
-
-    async def run(self, operation: Any) -> Any:
-        if getattr(operation, "__name__", "") == "job_register":
-            self.written += [name for name, _, _ in operation.gi_frame.f_locals["jobs"]]
-        return await super().run(operation)
+def _written(store: Recorded) -> list[str]:
+    """The job names every job_register wrote."""
+    return [name for call in store.calls["job_register"] for name, _, _ in call["jobs"]]
 
 
 async def _start(store: AsyncMemoryStore, jobs: list[Any]) -> AsyncScheduler:
@@ -39,17 +32,17 @@ async def _start(store: AsyncMemoryStore, jobs: list[Any]) -> AsyncScheduler:
 async def test_a_replica_writes_only_the_definitions_the_store_does_not_hold() -> None:
     store = MemoryStore()
     jobs = [spec(f"job{i:04d}", lambda ctx: None, every="1h") for i in range(MANY)]
-    first = _Registrations(store)
+    first = Recorded(store)
     await _start(first, jobs)
-    assert sorted(first.written) == sorted(j.name for j in jobs)
+    assert sorted(_written(first)) == sorted(j.name for j in jobs)
 
     # The same jobs again, but two changed and one new.
     changed = [spec(j.name, lambda ctx: None, every="2h") for j in jobs[:2]]
     new = spec("job-new", lambda ctx: None, every="1h")
-    again = _Registrations(store)
+    again = Recorded(store)
     second = await _start(again, [*changed, *jobs[2:], new])
 
-    assert sorted(again.written) == sorted([jobs[0].name, jobs[1].name, "job-new"])
+    assert sorted(_written(again)) == sorted([jobs[0].name, jobs[1].name, "job-new"])
     assert set(second.replaced) == {jobs[0].name, jobs[1].name}
     stored = {row.job: row for row in store.run(store.ops.job_list(NS))}
     assert stored[jobs[0].name].fingerprint == changed[0].fingerprint()

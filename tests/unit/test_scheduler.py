@@ -28,6 +28,7 @@ from fleetcron.scheduler import AsyncScheduler, SchedulerOptions, StoreOutage
 from fleetcron.scheduling import planning
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from unit.fakes import Recorded
 
 NS = "sched"
 
@@ -758,20 +759,9 @@ class _SteppedClock:
         return SYSTEM_CLOCK.wall_us() + self.step_us
 
 
-class _CountingClockReads(AsyncMemoryStore):
-    def __init__(self, store: MemoryStore) -> None:
-        super().__init__(store)
-        self.clock_reads = 0
-
-    async def run(self, operation: Any) -> Any:
-        if getattr(operation, "__name__", "") == "store_now":
-            self.clock_reads += 1
-        return await super().run(operation)
-
-
 async def test_the_store_clock_is_read_at_most_once_a_second_between_passes() -> None:
     store = MemoryStore()
-    counting = _CountingClockReads(store)
+    counting = Recorded(store)
     scheduler = AsyncScheduler(
         counting, [spec("often", lambda ctx: None, every="100ms")], SchedulerOptions(namespace=NS)
     )
@@ -792,7 +782,8 @@ async def test_the_store_clock_is_read_at_most_once_a_second_between_passes() ->
     elapsed_s = (SYSTEM_CLOCK.monotonic_us() - started) / 1e6
 
     # One reading at registration, then at most one per second of passes.
-    assert counting.clock_reads <= 2 + elapsed_s, (counting.clock_reads, elapsed_s)
+    clock_reads = len(counting.calls["store_now"])
+    assert clock_reads <= 2 + elapsed_s, (clock_reads, elapsed_s)
     assert len(store.run(store.ops.run_list(NS, "often", 100))) >= 10
 
 
