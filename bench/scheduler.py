@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     ready = [tmp / f"ready-{i}" for i in range(args.replicas)]
     reports = [tmp / f"report-{i}.json" for i in range(args.replicas)]
-    window: dict[str, float] = {}
+    window: dict[str, Any] = {}
     try:
         for i in range(args.replicas):
             cmd = [
@@ -345,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.duration)
         window["client_cpu_end"] = sum(proc_cpu_s(p.pid) for p in procs)
         window["server_cpu_end"] = server_cpu_s(args.backend) or 0.0
-        window["rss_mb"] = [rss_mb(p.pid) or 0.0 for p in procs]  # type: ignore[assignment]
+        window["rss_mb"] = [rss_mb(p.pid) or 0.0 for p in procs]
         window["end_us"] = store_call(url, lambda ops: ops.store_now())
         window["wall_end"] = time.time()
     finally:
@@ -386,7 +386,7 @@ def summarise(
     args: argparse.Namespace,
     url: str,
     namespace: str,
-    window: dict[str, float],
+    window: dict[str, Any],
     rows: list[Any],
     reports: list[dict[str, Any]],
     procs: list[subprocess.Popen[bytes]],
