@@ -3,8 +3,8 @@
 Every rule of docs/design/ledger.md is held on Redis by the generic contract suite
 (tests/contract/test_ledger.py, which runs on every backend); these tests are about the
 Redis store itself: its clock, one round trip per batch of script calls (and one call per
-job on a Cluster), a script cache the server lost, and the async store. Each test has its
-own namespace. Under ``CI=true`` a missing Redis fails.
+job on a Cluster), a script cache the server lost, the connection a single call is sent on,
+and the async store. Each test has its own namespace. Under ``CI=true`` a missing Redis fails.
 """
 
 from __future__ import annotations
@@ -132,6 +132,32 @@ def test_a_batch_survives_a_script_cache_the_server_lost(rs: RedisStore, namespa
 
     assert [run.job for run in claim(rs, namespace, *claims)] == ["job0", "job1", "job2"]
     assert rs._scripts["run_claim"].sha != "0" * 40
+
+
+def test_a_single_call_survives_a_script_cache_the_server_lost(
+    rs: RedisStore, namespace: str
+) -> None:
+    rs._scripts["lease_acquire"].sha = "0" * 40  # as after SCRIPT FLUSH or a failover
+    record = rs.run(rs.ops.lease_acquire(namespace, "lock", HOLDER, LONG, 0))
+
+    assert record is not None
+    assert rs._scripts["lease_acquire"].sha != "0" * 40
+    assert rs.run(rs.ops.lease_release(namespace, "lock", HOLDER, record.fence))
+
+
+def test_a_connection_the_server_closed_while_idle_is_opened_again_before_the_next_call(
+    backend_url: str, rs: RedisStore, namespace: str
+) -> None:
+    first = rs.run(rs.ops.lease_acquire(namespace, "lock", HOLDER, LONG, 0))
+    assert first is not None
+    killer = redis.Redis.from_url(backend_url)
+    try:
+        assert killer.client_kill_filter(_type="normal", skipme=True) >= 1
+    finally:
+        killer.close()
+
+    assert rs.run(rs.ops.lease_release(namespace, "lock", HOLDER, first.fence))
+    assert rs.run(rs.ops.lease_acquire(namespace, "lock", HOLDER, LONG, 0)) is not None
 
 
 async def test_the_async_store_runs_the_same_ledger(backend_url: str, namespace: str) -> None:

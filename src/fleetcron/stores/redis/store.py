@@ -120,6 +120,7 @@ class RedisStore:
                 probe(pipe)
                 replies = pipe.execute(raise_on_error=False)
             check_server(self.url, replies)
+            self._conn: Any = self._client.connection_pool.get_connection()
         except redis.exceptions.RedisError as exc:
             self._client.close()
             raise connect_error(self.url, translate(exc)) from exc
@@ -136,9 +137,42 @@ class RedisStore:
             case ScriptCalls(name, calls):
                 return self._pipeline(self._scripts[name], list(calls))
             case Script(name, keys, args):
-                return self._scripts[name](keys=list(keys), args=list(args))
+                return self._call(self._scripts[name], keys, args)
             case _:
                 raise _not_redis(statement)
+
+    def _call(self, script: RedisScript, keys: tuple[str, ...], args: tuple[ScriptArg, ...]) -> Any:
+        """One ``EVALSHA`` on the store's own connection (the script is loaded and the call
+        sent again only after a script cache flush).
+
+        The client's command path (pool checkout, telemetry, reply callbacks) costs as
+        much CPU as the rest of a lock cycle; the store serialises its calls under its lock,
+        so it keeps one connection and sends on it. As through the client (no retries), a
+        call that failed on the wire is never sent again: it may have run."""
+        conn = self._ready()
+        for _ in range(_SCRIPT_LOAD_TRIES):
+            try:
+                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return conn.read_response()
+            except redis.exceptions.NoScriptError:
+                script.sha = self._client.script_load(script.script)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                conn.disconnect()  # its reply may still come: the connection is done
+                raise
+        raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
+
+    def _ready(self) -> Any:
+        """The store's connection, connected and with nothing unread: one the server closed
+        (or that holds a stray reply) is opened again before anything is sent on it, as the
+        pool does at a checkout."""
+        conn = self._conn
+        try:
+            if conn.can_read():  # connects a connection that is not
+                raise redis.exceptions.ConnectionError("the connection has unread data")
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+        return conn
 
     def _pipeline(self, script: RedisScript, calls: list[Call]) -> list[Any]:
         """Run every call of ``script`` in one pipeline: one round trip (``EVALSHA``; the
@@ -206,7 +240,9 @@ class RedisStore:
         )
 
     def close(self) -> None:
-        self._client.close()
+        with self._lock:
+            self._client.connection_pool.release(self._conn)
+            self._client.close()
 
 
 class AsyncRedisStore:
