@@ -47,7 +47,8 @@ def _pgbouncer_binary() -> str:
 
 
 class PgBouncer:
-    """A running PgBouncer of the caller's own: :attr:`url`, and :meth:`stop`."""
+    """A running PgBouncer of the caller's own: :attr:`url` (for psycopg),
+    :attr:`store_url` (for fleetcron) and :meth:`stop`."""
 
     def __init__(self, directory: Path, target_url: str, pool_mode: str = "transaction") -> None:
         """Start PgBouncer on a spare port in ``pool_mode`` in front of ``target_url``,
@@ -81,6 +82,11 @@ pool_mode = {pool_mode}
                 [binary, *as_user, str(config)], stdout=log, stderr=log
             )
         self.url = f"postgresql://{user}@127.0.0.1:{port}/{target['dbname']}"
+        # PgBouncer 1.18 (Debian's) cannot carry a prepared statement to the next server
+        # connection in transaction pooling: the backend URL turns them off, as the docs say.
+        self.store_url = (
+            f"{self.url}?prepared_statements=off" if pool_mode == "transaction" else self.url
+        )
 
         def answers() -> bool:
             if self._process.poll() is not None:
@@ -105,11 +111,10 @@ pool_mode = {pool_mode}
 
 
 @pytest.fixture
-def pgbouncer(tmp_path: Path) -> Iterator[str]:
-    """PgBouncer on a spare port, transaction pooling, in front of the test PostgreSQL; its
-    URL."""
+def pgbouncer(tmp_path: Path) -> Iterator[PgBouncer]:
+    """PgBouncer on a spare port, transaction pooling, in front of the test PostgreSQL."""
     bouncer = PgBouncer(tmp_path, require_service("postgres"))
     try:
-        yield bouncer.url
+        yield bouncer
     finally:
         bouncer.stop()

@@ -489,7 +489,8 @@ def _pooling(facts: Facts) -> list[Finding]:
                 advice=f"{works}. But its driver prepares a statement it runs often, which "
                 'another server connection does not know (\'prepared statement "_pg3_0" '
                 "does not exist' or 'already exists' under load): give PgBouncer 1.21 or "
-                "later max_prepared_statements = 100",
+                "later max_prepared_statements = 100, or add prepared_statements=off to the "
+                "backend URL",
             )
         ]
     return [Finding(level="ok", check=check, message=found, advice=works)]

@@ -3,7 +3,9 @@
 Behind PgBouncer in transaction pooling mode the server connection a transaction runs on
 is shared with other clients, so a session setting made by one transaction reaches
 another client's, and a setting the code relies on may be missing. The store sets nothing
-for the session and its statements keep their rules under any default isolation.
+for the session and its statements keep their rules under any default isolation. The one
+thing it leaves there, prepared statements, it leaves only while the backend URL does not
+say ``prepared_statements=off``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,26 @@ SELECT CASE WHEN %(slot_us)s::bigint > now.us THEN 'not_due' ELSE 'conflict' END
        NULL, NULL, now.us, stored.fingerprint
   FROM stored, (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us) AS now"""
 # Settings a client may send at start-up that PgBouncer tracks per client.
+# A lease's acquire and release as a replica of schema version 11 sends them.
+ACQUIRE_V11 = """WITH now AS (SELECT clock_timestamp() AS t)
+INSERT INTO fleetcron_lease AS l
+    (namespace, name, holder, fence, acquired_at, expires_at, min_until)
+SELECT %(namespace)s, %(name)s, %(holder)s, (extract(epoch FROM now.t) * 1000000)::bigint,
+       now.t, now.t + %(ttl_us)s * interval '1 microsecond',
+       now.t + %(least_us)s * interval '1 microsecond'
+FROM now
+ON CONFLICT (namespace, name) DO UPDATE
+   SET holder = excluded.holder, fence = greatest(l.fence + 1, excluded.fence),
+       acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+       min_until = excluded.min_until
+ WHERE l.expires_at <= excluded.acquired_at
+RETURNING fence, (extract(epoch FROM acquired_at) * 1000000)::bigint"""
+RELEASE_V11 = """WITH now AS (SELECT clock_timestamp() AS t)
+UPDATE fleetcron_lease AS l SET expires_at = greatest(now.t, l.min_until)
+  FROM now
+ WHERE l.namespace = %(namespace)s AND l.name = %(name)s
+   AND l.holder = %(holder)s AND l.fence = %(fence)s AND l.expires_at > now.t"""
+
 _CLIENT_SETTINGS_ALLOWED = {"application_name", "client_encoding"}
 _SESSION_SETTINGS = """
 SELECT name FROM pg_settings WHERE source IN ('session', 'client') ORDER BY name
@@ -86,6 +108,29 @@ def test_no_setting_of_the_sync_store_outlives_its_statements(namespace: str) ->
         names = {row[0] for row in conn.execute(_SESSION_SETTINGS).fetchall()}
         assert names <= _CLIENT_SETTINGS_ALLOWED, f"session-level settings left: {names}"
         assert _custom_setting(conn) is None, "a batch left its clock in the session"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("query", "prepared"), [("", True), ("?prepared_statements=off", False)])
+def test_the_store_prepares_what_it_runs_often_unless_the_url_says_off(
+    namespace: str, query: str, prepared: bool
+) -> None:
+    url = require_service("postgres")
+    store = open_store(parse_store_url(url + query))
+    assert isinstance(store, PostgresStore)
+    try:
+        ops = store.ops
+        for _ in range(6):  # psycopg prepares a statement at its 5th run on a connection
+            lease = store.run(ops.lease_acquire(namespace, "often", "h:1:a", 5_000_000, 0))
+            assert lease is not None
+            assert store.run(ops.lease_release(namespace, "often", "h:1:a", lease.fence))
+        conn = store._connection()
+        rows = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+        texts = " ".join(str(row[0]) for row in rows)
+        assert ("fleetcron_lease_acquire_v1(" in texts) is prepared, texts
+        assert ("fleetcron_lease_release_v1(" in texts) is prepared, texts
+        assert (len(rows) > 0) is prepared
     finally:
         store.close()
 
@@ -241,5 +286,99 @@ def test_replicas_of_a_previous_and_the_new_schema_version_share_a_store(
         assert won["new"], "the new replica claimed nothing: the race did not happen"
         rows = {r.job: r for r in store.run(store.ops.run_list(namespace, None, 100))}
         assert all(rows[job].state == "running" for job in jobs)
+    finally:
+        store.close()
+
+
+def test_lease_statements_of_the_previous_and_the_new_schema_version_share_a_store(
+    namespace: str,
+) -> None:
+    """A rolling upgrade: a replica of schema version 11 (the statements) and an upgraded
+    one (the functions of migration 12) take turns on the same leases. Each round one side
+    takes the lease, the other is refused while it is held, and the first releases it; the
+    fences of the two keep increasing."""
+    url = require_service("postgres")
+    store = open_store(parse_store_url(url))  # migrated to the newest version
+    assert isinstance(store, PostgresStore)
+    assert "fleetcron_lease_acquire_v1(" in store.queries["lease_acquire"]
+    rounds = 40
+    fences: list[list[int]] = [[], [], []]
+    refused: list[str] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def old_acquire(conn: psycopg.Connection[tuple[object, ...]], name: str) -> int | None:
+        params = {
+            "namespace": namespace,
+            "name": name,
+            "holder": "old:1:t",
+            "ttl_us": 60_000_000,
+            "least_us": 0,
+        }
+        row = conn.execute(ACQUIRE_V11, params).fetchone()
+        return None if row is None else int(str(row[0]))
+
+    def old_release(conn: psycopg.Connection[tuple[object, ...]], name: str, fence: int) -> bool:
+        params = {"namespace": namespace, "name": name, "holder": "old:1:t", "fence": fence}
+        return conn.execute(RELEASE_V11, params).rowcount == 1
+
+    def replica(side: str) -> None:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                for number in range(rounds):
+                    name = f"up-{number % 3}"
+                    first = "old" if number % 2 == 0 else "new"
+                    fence = None
+                    if side == first:
+                        if side == "old":
+                            fence = old_acquire(conn, name)
+                        else:
+                            got = store.run(
+                                store.ops.lease_acquire(namespace, name, "new:1:t", 60_000_000, 0)
+                            )
+                            fence = None if got is None else got.fence
+                        assert fence is not None, f"round {number}: {side} could not take {name}"
+                        fences[number % 3].append(fence)
+                    barrier.wait(timeout=30)
+                    if side != first:
+                        if side == "old":
+                            taken = old_acquire(conn, name) is not None
+                        else:
+                            taken = (
+                                store.run(
+                                    store.ops.lease_acquire(
+                                        namespace, name, "new:1:t", 60_000_000, 0
+                                    )
+                                )
+                                is not None
+                            )
+                        assert not taken, (
+                            f"round {number}: {side} took {name} while {first} held it"
+                        )
+                        refused.append(side)
+                    barrier.wait(timeout=30)
+                    if fence is not None:
+                        if side == "old":
+                            assert old_release(conn, name, fence)
+                        else:
+                            assert store.run(
+                                store.ops.lease_release(namespace, name, "new:1:t", fence)
+                            )
+                    barrier.wait(timeout=30)
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=replica, args=(side,)) for side in ("old", "new")]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        assert sorted(set(refused)) == ["new", "old"]
+        assert len(refused) == rounds
+        for name, handed in enumerate(fences):
+            assert handed == sorted(set(handed)), f"fences of up-{name} not increasing: {handed}"
     finally:
         store.close()

@@ -354,7 +354,7 @@ def _start_pgbouncer(run: Run, mode: str) -> str:
     bouncer = PgBouncer(run.tmp, run.url, mode)
     run.cleanups.append(bouncer.stop)
     run.fault(f"pgbouncer in {mode} pooling in front of PostgreSQL")
-    return bouncer.url
+    return bouncer.store_url
 
 
 def serializable_default(run: Run) -> None:

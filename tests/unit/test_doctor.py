@@ -285,6 +285,7 @@ def test_transaction_pooling_is_reported_and_warned_about_only_with_prepared_sta
         assert "advisory locks" in finding.advice
     if level == "warn":
         assert "max_prepared_statements" in finding.advice
+        assert "prepared_statements=off" in finding.advice
 
 
 def test_a_pooling_probe_that_could_not_run_says_it_cannot_tell() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,42 @@ def test_sqlite_and_memory_urls_that_would_be_ignored_are_refused(url: str, prob
 def test_a_timeout_beyond_a_year_is_refused_not_crashing_the_driver(query: str) -> None:
     with pytest.raises(ConfigurationError, match="at most a year"):
         parse_store_url(f"mysql://root@db/app?{query}")
+
+
+@pytest.mark.parametrize(
+    ("url", "prepared", "driver"),
+    [
+        ("postgresql://app@db/app", True, "postgresql://app@db/app"),
+        ("postgresql://app@db/app?prepared_statements=on", True, "postgresql://app@db/app"),
+        (
+            "postgresql://app@db/app?sslmode=disable&prepared_statements=off&timeout=2",
+            False,
+            "postgresql://app@db/app?sslmode=disable",
+        ),
+        ("postgres://db/app?prepared_statements=False", False, "postgres://db/app"),
+        ("postgres://db/app?prepared_statements=0", False, "postgres://db/app"),
+    ],
+)
+def test_postgres_prepared_statements_are_read_from_the_url_and_kept_from_the_driver(
+    url: str, prepared: bool, driver: str
+) -> None:
+    parsed = parse_store_url(url)
+    assert (parsed.prepared_statements, parsed.driver_url) == (prepared, driver)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("postgresql://db/app?prepared_statements=maybe", "must be on or off, not 'maybe'"),
+        ("postgresql://db/app?prepared_statements=", "must be on or off, not ''"),
+        ("mysql://root@db/app?prepared_statements=off", "is a PostgreSQL parameter"),
+        ("redis://127.0.0.1/0?prepared_statements=off", "is a PostgreSQL parameter"),
+        ("sqlite:///tmp/x.db?prepared_statements=off", "unknown parameter(s) prepared_statements"),
+    ],
+)
+def test_a_prepared_statements_parameter_that_would_not_work_is_refused(
+    url: str, problem: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(problem)) as caught:
+        parse_store_url(url)
+    assert "backend URL" in str(caught.value)

@@ -47,7 +47,8 @@ _MAX_TIMEOUT_S = 31_536_000  # a year: PyMySQL's own limit, and within every soc
 @dataclass(frozen=True, slots=True)
 class StoreURL:
     """A parsed backend URL. ``raw`` keeps credentials; ``redacted`` is safe to print;
-    ``driver`` is ``raw`` without the parameters fleetcron itself reads (the timeouts)."""
+    ``driver`` is ``raw`` without the parameters fleetcron itself reads (the timeouts and,
+    on PostgreSQL, ``prepared_statements``)."""
 
     raw: str
     kind: str
@@ -56,6 +57,7 @@ class StoreURL:
     timeout_s: float = DEFAULT_TIMEOUT_S
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     driver: str = ""
+    prepared_statements: bool = True  # PostgreSQL only
 
     @property
     def driver_url(self) -> str:
@@ -200,6 +202,51 @@ def _take_timeouts(url: str, redacted: str) -> tuple[str, float, float]:
     )
 
 
+# PostgreSQL: whether the driver prepares the statements it runs often (psycopg's
+# prepare_threshold). On by default; off behind PgBouncer in transaction pooling before
+# 1.21 or without max_prepared_statements, which cannot carry a prepared statement to the
+# next server connection.
+_PREPARED_PARAM = "prepared_statements"
+_SWITCH = {
+    "on": True,
+    "true": True,
+    "yes": True,
+    "1": True,
+    "off": False,
+    "false": False,
+    "no": False,
+    "0": False,
+}
+
+
+def _take_prepared(url: str, kind: str, redacted: str) -> tuple[str, bool]:
+    """Remove ``prepared_statements`` from ``url``'s query; return what is left and the
+    value (on when absent). Refused on any backend but PostgreSQL."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, True
+    kept: list[str] = []
+    value: bool | None = None
+    for part in query.split("&"):
+        key, _, text = part.partition("=")
+        if urllib.parse.unquote_plus(key) != _PREPARED_PARAM:
+            if part:
+                kept.append(part)
+            continue
+        if kind != "postgres":
+            raise ConfigurationError(
+                f"backend URL {redacted!r}: {_PREPARED_PARAM} is a PostgreSQL parameter"
+            )
+        word = urllib.parse.unquote_plus(text).strip().lower()
+        if word not in _SWITCH:
+            raise ConfigurationError(
+                f"backend URL {redacted!r}: {_PREPARED_PARAM} must be on or off, not {text!r}"
+            )
+        value = _SWITCH[word]
+    rest = f"{base}?{'&'.join(kept)}" if kept else base
+    return rest, True if value is None else value
+
+
 def _sqlite_url(url: str, rest: str, redacted: str) -> StoreURL:
     path_text, _, query = rest.partition("?")
     path_text = urllib.parse.unquote(path_text)
@@ -271,6 +318,7 @@ def parse_store_url(url: str) -> StoreURL:
         if not parts.hostname and "host=" not in parts.query:
             raise ConfigurationError(f"backend URL {redacted!r} names no host")
     driver, timeout_s, connect_timeout_s = _take_timeouts(url, redacted)
+    driver, prepared = _take_prepared(driver, kind, redacted)
     return StoreURL(
         raw=url,
         kind=kind,
@@ -278,4 +326,5 @@ def parse_store_url(url: str) -> StoreURL:
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
         driver=driver,
+        prepared_statements=prepared,
     )

@@ -6,27 +6,11 @@
 SELECT coalesce(max(version), 0) FROM fleetcron_schema;
 
 -- name: lease_acquire
--- One statement, one round trip: insert the row, or take it over when it has expired at
--- the server's clock. Under READ COMMITTED a concurrent acquirer waits for the row lock and
--- re-evaluates the WHERE on the winner's row, so exactly one wins. The fence folds in the
--- clock so it keeps increasing even after the row was pruned.
-WITH now AS (SELECT clock_timestamp() AS t)
-INSERT INTO fleetcron_lease AS l
-    (namespace, name, holder, fence, acquired_at, expires_at, min_until)
-SELECT %(namespace)s, %(name)s, %(holder)s,
-       (extract(epoch FROM now.t) * 1000000)::bigint,
-       now.t,
-       now.t + %(ttl_us)s * interval '1 microsecond',
-       now.t + %(least_us)s * interval '1 microsecond'
-FROM now
-ON CONFLICT (namespace, name) DO UPDATE
-   SET holder = excluded.holder,
-       fence = greatest(l.fence + 1, excluded.fence),
-       acquired_at = excluded.acquired_at,
-       expires_at = excluded.expires_at,
-       min_until = excluded.min_until
- WHERE l.expires_at <= excluded.acquired_at
-RETURNING fence, (extract(epoch FROM acquired_at) * 1000000)::bigint;
+-- One plain call, one round trip (migration 12): a row (fence, store now) when taken, none
+-- when held; the rules are in the function (schema.sql).
+SELECT * FROM fleetcron_lease_acquire_v1(
+    %(namespace)s::text, %(name)s::text, %(holder)s::text, %(ttl_us)s::bigint,
+    %(least_us)s::bigint);
 
 -- name: lease_extend
 WITH now AS (SELECT clock_timestamp() AS t)
@@ -43,14 +27,9 @@ RETURNING l.name, l.holder, l.fence,
           (extract(epoch FROM now.t) * 1000000)::bigint;
 
 -- name: lease_release
--- Never DELETE: the row keeps the fence. lock_at_least keeps it held until min_until.
-WITH now AS (SELECT clock_timestamp() AS t)
-UPDATE fleetcron_lease AS l
-   SET expires_at = greatest(now.t, l.min_until)
-  FROM now
- WHERE l.namespace = %(namespace)s AND l.name = %(name)s
-   AND l.holder = %(holder)s AND l.fence = %(fence)s
-   AND l.expires_at > now.t;
+-- A row when released, none when the lease was not ours (migration 12).
+SELECT * FROM fleetcron_lease_release_v1(
+    %(namespace)s::text, %(name)s::text, %(holder)s::text, %(fence)s::bigint);
 
 -- name: lease_get
 SELECT name, holder, fence,
