@@ -123,7 +123,10 @@ def check_conninfo(url: StoreURL) -> None:
 
 
 def _result(cur: Any) -> SqlResult:
-    rows = cur.fetchall() if cur.description is not None else []
+    # The result's field count, not ``cur.description``: that builds a column object per
+    # field, as much CPU as the rest of reading a one-row answer.
+    result = cur.pgresult
+    rows = cur.fetchall() if result is not None and result.nfields else []
     return SqlResult(rows=rows, rowcount=cur.rowcount)
 
 
@@ -376,19 +379,21 @@ class AsyncPostgresStore(AsyncSqlStore):
     ) -> R:
         """Run ``work`` under the read timeout's watchdog, translating driver errors; a
         connection cut or broken is dropped (the next statement reconnects)."""
-        limit = Deadline()
+        limit: Deadline | None = None
         try:
-            with deadline(conn.pgconn.socket, self._url.timeout_s) as limit:
+            limit = deadline(conn.pgconn.socket, self._url.timeout_s)
+            with limit:
                 result = await work()
         except psycopg.Error as exc:
-            error = timed_out(self._url) if limit.expired else translate(exc)
+            expired = limit is not None and limit.expired
+            error = timed_out(self._url) if expired else translate(exc)
             assert error is not None
             if isinstance(error, StoreUnavailable):
                 await self._drop_connection()
             elif in_transaction:
                 await _end_failed_transaction_async(conn)
             raise error from exc
-        if limit.expired:
+        if limit.expired:  # set: the block ran
             # Cut just after the reply came: the result stands, the socket does not.
             await self._drop_connection()
         return result

@@ -18,7 +18,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 __all__ = ["Deadline", "deadline"]
 
@@ -86,18 +85,23 @@ class Deadline:
     """What :func:`deadline` yields: ``expired`` tells, after the block, whether the
     socket was cut because the deadline passed."""
 
-    __slots__ = ("expired",)
+    __slots__ = ("_fd", "_seconds", "_token", "expired")
 
-    def __init__(self) -> None:
+    def __init__(self, fd: int, seconds: float) -> None:
+        self._fd = fd
+        self._seconds = seconds
+        self._token = -1
         self.expired = False
 
+    def __enter__(self) -> Deadline:
+        self._token = _WATCHDOG.arm(self._fd, self._seconds)
+        return self
 
-@contextlib.contextmanager
-def deadline(fd: int, seconds: float) -> Iterator[Deadline]:
-    """Cut the socket ``fd`` if the block has not ended ``seconds`` from now."""
-    state = Deadline()
-    token = _WATCHDOG.arm(fd, seconds)
-    try:
-        yield state
-    finally:
-        state.expired = _WATCHDOG.disarm(token)
+    def __exit__(self, *_exc: object) -> None:
+        self.expired = _WATCHDOG.disarm(self._token)
+
+
+def deadline(fd: int, seconds: float) -> Deadline:
+    """Cut the socket ``fd`` if the block has not ended ``seconds`` from now (a context
+    manager; a class, not a generator: it is entered on every round trip)."""
+    return Deadline(fd, seconds)
