@@ -75,11 +75,10 @@ _ADOPT_EVERY_US = (250_000, 1_000_000)  # how often others' waiting slots are lo
 _ADOPT_BATCH = 2000  # others' slots looked at per read
 _COLLECT_LATER_US = 100_000  # slots other replicas own are collected at most this often
 _RING_RESYNC_US = 1_000_000  # the ring is read again at most this often when it is stale
-CLOCK_RESYNC_US = 1_000_000
-"""The store's clock is read again at most this often while its estimate holds."""
-CLOCK_TOLERANCE_US = 20_000
-"""A claim's answer whose store time is further than this from the estimate (beyond the
-round trip) makes the next pass read the store's clock again."""
+_CLOCK_RESYNC_US = 1_000_000  # the store's clock is read again at most this often
+# A claim's answer whose store time is further than this from the estimate (beyond the
+# round trip) makes the next pass read the store's clock again.
+_CLOCK_TOLERANCE_US = 20_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -386,21 +385,21 @@ class AsyncScheduler:
 
     async def _store_clock(self) -> int:
         """The store's now for a pass: read from the store at most once a
-        :data:`CLOCK_RESYNC_US`, estimated from the last reading in between. The store
+        :data:`_CLOCK_RESYNC_US`, estimated from the last reading in between. The store
         enforces every time rule itself (a claim before its slot is refused ``not_due``,
         one past its deadline ``missed``); the estimate only decides what to ask for, and a
         claim's answer that disagrees with it (:meth:`_check_estimate`) forces a reading."""
         synced = self._synced_us
-        if synced is None or self.clock.monotonic_us() - synced >= CLOCK_RESYNC_US:
+        if synced is None or self.clock.monotonic_us() - synced >= _CLOCK_RESYNC_US:
             return await self._sync_clock()
         return self._now()
 
     def _check_estimate(self, store_now_us: int, sent_us: int, received_us: int) -> None:
         """A store time seen during the round trip ``sent_us``..``received_us`` (monotonic):
-        outside the estimate by more than :data:`CLOCK_TOLERANCE_US`, the next pass reads
+        outside the estimate by more than :data:`_CLOCK_TOLERANCE_US`, the next pass reads
         the clock (a stepped store clock, a suspended host)."""
-        low = sent_us + self._offset_us - CLOCK_TOLERANCE_US
-        high = received_us + self._offset_us + CLOCK_TOLERANCE_US
+        low = sent_us + self._offset_us - _CLOCK_TOLERANCE_US
+        high = received_us + self._offset_us + _CLOCK_TOLERANCE_US
         if not low <= store_now_us <= high:
             self._synced_us = None
 
@@ -653,8 +652,13 @@ class AsyncScheduler:
             or (self._ring_stale and now - last >= _RING_RESYNC_US)
         ):
             return
-        self._ring_read_us, self._ring_stale = now, False
-        rows = await self.store.run(self.ops.replica_list(self.options.namespace, 0))
+        self._ring_read_us = now
+        try:
+            rows = await self.store.run(self.ops.replica_list(self.options.namespace, 0))
+        except BaseException:
+            self._ring_stale = True  # tried again within a second, not a heartbeat later
+            raise
+        self._ring_stale = False
         self.ring.update(rows)
 
     def _may_adopt(self) -> bool:
@@ -826,7 +830,7 @@ class AsyncScheduler:
                 # Refused past a deadline the estimate had not reached: it runs behind.
                 answer.status == "missed"
                 and claim.deadline_us is not None
-                and claim.deadline_us > estimate + CLOCK_TOLERANCE_US
+                and claim.deadline_us > estimate + _CLOCK_TOLERANCE_US
             ):
                 self._synced_us = None
         if any(

@@ -8,12 +8,16 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import pytest
+
+from fleetcron.errors import StoreUnavailable
 from fleetcron.models import ReplicaInfo, ReplicaRecord
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling.heartbeat import jobs_fingerprint
 from fleetcron.scheduling.ownership import Ring
 from fleetcron.scheduling.planning import DueHeap, PlannedJob
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from fleetcron.testing import FakeClock
 from unit.fakes import Recorded
 from unit.test_scheduler import spec, until_signalled
 
@@ -173,3 +177,36 @@ def test_a_job_whose_next_slot_another_replica_owns_waits_in_the_later_heap() ->
     assert heap.pop_due(1_000_000) == ["a"]
     assert heap.pop_later(1_249_999) == []
     assert heap.pop_later(1_250_000) == ["b"]
+
+
+class _RingReadFails(Recorded):
+    """Refuses the first ``fails`` reads of the replica table."""
+
+    def __init__(self, store: MemoryStore, fails: int) -> None:
+        super().__init__(store)
+        self.fails = fails
+
+    async def run(self, operation: Any) -> Any:
+        if getattr(operation, "__name__", "") == "replica_list" and self.fails > 0:
+            self.fails -= 1
+            operation.close()
+            raise StoreUnavailable("the store is down")
+        return await super().run(operation)
+
+
+async def test_a_failed_ring_read_is_tried_again_within_a_second_not_a_heartbeat_later() -> None:
+    clock = FakeClock()
+    store = _RingReadFails(MemoryStore(clock=clock), fails=1)
+    options = SchedulerOptions(namespace=NS, heartbeat_s=30.0)
+    scheduler = AsyncScheduler(store, [spec("job", lambda ctx: None)], options, clock=clock)
+
+    with pytest.raises(StoreUnavailable):
+        await scheduler._read_ring()
+    await scheduler._read_ring()
+    assert store.calls["replica_list"] == []  # too soon: the failed read was just now
+    clock.advance(1.0)
+    await scheduler._read_ring()
+    assert len(store.calls["replica_list"]) == 1  # a second later, not 30 s later
+    clock.advance(1.0)
+    await scheduler._read_ring()
+    assert len(store.calls["replica_list"]) == 1  # read: fresh until the next heartbeat
