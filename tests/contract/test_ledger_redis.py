@@ -9,6 +9,9 @@ and the async store. Each test has its own namespace. Under ``CI=true`` a missin
 
 from __future__ import annotations
 
+import os
+import select
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -156,9 +159,48 @@ def test_a_connection_the_server_closed_while_idle_is_opened_again_before_the_ne
         assert killer.client_kill_filter(addr=f"{host}:{port}") == 1
     finally:
         killer.close()
+    # The server has closed it; wait until the close has reached this end (a condition,
+    # not a sleep) so the next call finds it closed rather than racing the FIN.
+    until = time.monotonic() + 10
+    while not _closed_here(rs._conn):
+        assert time.monotonic() < until, "the server's close never arrived"
 
     assert rs.run(rs.ops.lease_release(namespace, "lock", HOLDER, first.fence))
     assert rs.run(rs.ops.lease_acquire(namespace, "lock", HOLDER, LONG, 0)) is not None
+
+
+def _closed_here(conn: Any) -> bool:
+    sock = conn._sock
+    readable, _, _ = select.select([sock], [], [], 0.05)
+    return bool(readable)  # end-of-file is readable
+
+
+def test_a_store_used_after_a_fork_opens_a_connection_of_its_own_and_closes_once(
+    rs: RedisStore, namespace: str
+) -> None:
+    held = rs.run(rs.ops.lease_acquire(namespace, "parent", HOLDER, LONG, 0))
+    assert held is not None
+    parent_socket = rs._conn._sock
+    child = os.fork()
+    if child == 0:  # the child: a lease of its own on a connection of its own
+        ok = False
+        try:
+            got = rs.run(rs.ops.lease_acquire(namespace, "child", "host:2:tok", LONG, 0))
+            own = rs._conn._sock is not parent_socket
+            ok = (
+                got is not None
+                and own
+                and rs.run(rs.ops.lease_release(namespace, "child", "host:2:tok", got.fence))
+            )
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert rs._conn._sock is parent_socket  # the parent's connection was left alone
+    assert rs.run(rs.ops.lease_release(namespace, "parent", HOLDER, held.fence))
+    rs.close()
+    rs.close()  # a second close changes nothing
 
 
 async def test_the_async_store_runs_the_same_ledger(backend_url: str, namespace: str) -> None:

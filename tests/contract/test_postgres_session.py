@@ -375,6 +375,7 @@ def test_lease_statements_of_the_previous_and_the_new_schema_version_share_a_sto
             thread.start()
         for thread in threads:
             thread.join(120)
+        assert not any(thread.is_alive() for thread in threads), "a replica hung"
         assert not errors, errors
         assert sorted(set(refused)) == ["new", "old"]
         assert len(refused) == rounds

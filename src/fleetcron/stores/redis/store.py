@@ -5,6 +5,7 @@ one round trip; a batch of calls is one pipeline. The keys and the operations ar
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -110,6 +111,7 @@ class RedisStore:
         self.url = url.redacted
         self.ops = RedisOperations()
         self._lock = threading.Lock()
+        self._closed = False
         address, args = client_args(url)
         self._client: redis.Redis = redis.Redis.from_url(address, **args)
         self._scripts: dict[str, RedisScript] = {
@@ -164,10 +166,17 @@ class RedisStore:
     def _ready(self) -> Any:
         """The store's connection, connected and with nothing unread: one the server closed
         (or that holds a stray reply) is opened again before anything is sent on it, as the
-        pool does at a checkout."""
+        pool does at a checkout; one inherited across a fork is replaced, never shared.
+        Connecting is tried once per call, so an outage costs one ``connect_timeout``."""
         conn = self._conn
+        if conn.pid != os.getpid():
+            conn.disconnect()  # in a child: closes its copy, leaves the parent's socket be
+            conn.pid = os.getpid()  # the connection made next is this process's own
+        if conn._sock is None:
+            conn.connect()
+            return conn
         try:
-            if conn.can_read():  # connects a connection that is not
+            if conn.can_read():
                 raise redis.exceptions.ConnectionError("the connection has unread data")
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
             conn.disconnect()
@@ -241,6 +250,9 @@ class RedisStore:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             self._client.connection_pool.release(self._conn)
             self._client.close()
 
