@@ -14,6 +14,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
     "SCHEMES",
+    "URL_BOOLEANS",
     "StoreURL",
     "default_sqlite_path",
     "parse_store_url",
@@ -179,22 +180,33 @@ def _seconds(text: str, key: str, redacted: str) -> float:
     return value
 
 
-def _take_timeouts(url: str, redacted: str) -> tuple[str, float, float]:
-    """Remove ``timeout`` and ``connect_timeout`` from ``url``'s query; return what is
-    left and the two values (defaults when absent)."""
+URL_BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+"""The words a backend URL's yes/no parameter may take."""
+
+
+def _take_params(url: str, names: tuple[str, ...]) -> tuple[str, list[tuple[str, str]]]:
+    """Split the query parameters named ``names`` off ``url``: what is left, and each
+    ``(name, value)`` taken, decoded, in the URL's order."""
     base, sep, query = url.partition("?")
     if not sep:
-        return url, DEFAULT_TIMEOUT_S, DEFAULT_CONNECT_TIMEOUT_S
+        return url, []
     kept: list[str] = []
-    found: dict[str, float] = {}
+    taken: list[tuple[str, str]] = []
     for part in query.split("&"):
         key, _, value = part.partition("=")
         name = urllib.parse.unquote_plus(key)
-        if name in _TIMEOUT_PARAMS:
-            found[name] = _seconds(urllib.parse.unquote_plus(value), name, redacted)
+        if name in names:
+            taken.append((name, urllib.parse.unquote_plus(value)))
         elif part:
             kept.append(part)
-    rest = f"{base}?{'&'.join(kept)}" if kept else base
+    return (f"{base}?{'&'.join(kept)}" if kept else base), taken
+
+
+def _take_timeouts(url: str, redacted: str) -> tuple[str, float, float]:
+    """Remove ``timeout`` and ``connect_timeout`` from ``url``'s query; return what is
+    left and the two values (defaults when absent)."""
+    rest, taken = _take_params(url, _TIMEOUT_PARAMS)
+    found = {name: _seconds(value, name, redacted) for name, value in taken}
     return (
         rest,
         found.get("timeout", DEFAULT_TIMEOUT_S),
@@ -207,44 +219,26 @@ def _take_timeouts(url: str, redacted: str) -> tuple[str, float, float]:
 # 1.21 or without max_prepared_statements, which cannot carry a prepared statement to the
 # next server connection.
 _PREPARED_PARAM = "prepared_statements"
-_SWITCH = {
-    "on": True,
-    "true": True,
-    "yes": True,
-    "1": True,
-    "off": False,
-    "false": False,
-    "no": False,
-    "0": False,
-}
+_SWITCH = {**URL_BOOLEANS, "on": True, "off": False}
 
 
 def _take_prepared(url: str, kind: str, redacted: str) -> tuple[str, bool]:
     """Remove ``prepared_statements`` from ``url``'s query; return what is left and the
     value (on when absent). Refused on any backend but PostgreSQL."""
-    base, sep, query = url.partition("?")
-    if not sep:
-        return url, True
-    kept: list[str] = []
-    value: bool | None = None
-    for part in query.split("&"):
-        key, _, text = part.partition("=")
-        if urllib.parse.unquote_plus(key) != _PREPARED_PARAM:
-            if part:
-                kept.append(part)
-            continue
+    rest, taken = _take_params(url, (_PREPARED_PARAM,))
+    value = True
+    for _, text in taken:
         if kind != "postgres":
             raise ConfigurationError(
                 f"backend URL {redacted!r}: {_PREPARED_PARAM} is a PostgreSQL parameter"
             )
-        word = urllib.parse.unquote_plus(text).strip().lower()
+        word = text.strip().lower()
         if word not in _SWITCH:
             raise ConfigurationError(
                 f"backend URL {redacted!r}: {_PREPARED_PARAM} must be on or off, not {text!r}"
             )
         value = _SWITCH[word]
-    rest = f"{base}?{'&'.join(kept)}" if kept else base
-    return rest, True if value is None else value
+    return rest, value
 
 
 def _sqlite_url(url: str, rest: str, redacted: str) -> StoreURL:

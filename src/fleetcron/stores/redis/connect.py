@@ -15,7 +15,7 @@ import urllib.parse
 from typing import Any
 
 from fleetcron.errors import ConfigurationError, StoreRefused
-from fleetcron.stores.url import StoreURL
+from fleetcron.stores.url import URL_BOOLEANS, StoreURL
 
 __all__ = ["PERSISTENCE_MARKER", "check_server", "client_args", "probe"]
 
@@ -28,7 +28,6 @@ PERSISTENCE_MARKER = "fleetcron:persistence-warned"
 
 _TLS_PARAMS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
 _CERT_REQS = ("none", "optional", "required")
-_BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 def _database(text: str, url: StoreURL) -> int:
@@ -61,12 +60,12 @@ def _tls_args(query: dict[str, str], url: StoreURL) -> dict[str, Any]:
         args[key] = path
     check = query.get("ssl_check_hostname")
     if check is not None:
-        if check.lower() not in _BOOLEANS:
+        if check.lower() not in URL_BOOLEANS:
             raise ConfigurationError(
                 f"backend URL {url.redacted!r}: ssl_check_hostname must be true or false, "
                 f"not {check!r}"
             )
-        args["ssl_check_hostname"] = _BOOLEANS[check.lower()]
+        args["ssl_check_hostname"] = URL_BOOLEANS[check.lower()]
     return args
 
 
