@@ -20,6 +20,7 @@ __all__ = [
     "ReplicaInfo",
     "ReplicaRecord",
     "RunFinish",
+    "RunNote",
     "RunOutcome",
     "RunRecord",
     "SlotClaim",
@@ -187,6 +188,18 @@ class RunFinish:
     slot_us: int
     fence: int
     outcome: RunOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class RunNote:
+    """A final row (``skipped``, ``missed``) to write for a slot that has none (one item
+    of :meth:`~fleetcron.stores.base.Operations.run_record_many`)."""
+
+    job: str
+    slot_us: int
+    state: str
+    error: str | None
+    trigger: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

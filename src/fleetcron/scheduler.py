@@ -32,7 +32,14 @@ from fleetcron.jobspec import JobSpec
 from fleetcron.keepalive import backoff_s
 from fleetcron.lease import new_holder
 from fleetcron.metrics import InstrumentedStore, Metrics
-from fleetcron.models import ClaimResult, DefinitionConflict, JobRecord, RunRecord, SlotClaim
+from fleetcron.models import (
+    ClaimResult,
+    DefinitionConflict,
+    JobRecord,
+    RunNote,
+    RunRecord,
+    SlotClaim,
+)
 from fleetcron.pings import check_ping_url
 from fleetcron.schedules import AtSchedule, iso_utc
 from fleetcron.scheduling.definitions import Definitions
@@ -48,6 +55,7 @@ from fleetcron.scheduling.ownership import HANDOVER_US, Ring
 from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT as _MISSED_RECORD_LIMIT
 from fleetcron.scheduling.planning import (
     DueHeap,
+    Plan,
     PlannedJob,
     claim_for,
     deadline,
@@ -70,6 +78,7 @@ __all__ = [
 ]
 
 _REGISTER_BATCH = 500  # job definitions per registration round trip
+_RECORD_BATCH = 1000  # missed slots recorded per round trip
 _SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
 _ADOPT_EVERY_US = (250_000, 1_000_000)  # how often others' waiting slots are looked at
 _ADOPT_BATCH = 2000  # others' slots looked at per read
@@ -586,8 +595,10 @@ class AsyncScheduler:
         random.shuffle(due)
         await self._read_ring()
         try:
-            for job in due:
-                for claim in await self._collect(job, now):
+            plans = [(job, plan_slots(job, now)) for job in due]
+            await self._record_missed(plans)
+            for job, plan in plans:
+                for claim in self._collect(job, plan):
                     if self._shared(claim):
                         # Collected after its delay already: ripe for adoption now.
                         self._wait_for_owner(claim, now, ripe=job.spec.name in later)
@@ -696,38 +707,45 @@ class AsyncScheduler:
         if not self._foreign:
             self._adopt_cap_us = high
 
-    async def _collect(self, job: PlannedJob, now: int) -> list[SlotClaim]:
-        """The job's due slots to claim; the ones catch-up gives up are recorded
-        ``missed``."""
-        spec = job.spec
-        plan = plan_slots(job, now)
-        if not plan.ready:
-            return []
-        # A superseded definition's slots are not the job's: nothing is recorded for them
-        # (a row would keep the governing replica from a slot both schedules have).
-        missed = [] if spec.name in self.definitions.conflicts else plan.missed
-        for slot in missed[-_MISSED_RECORD_LIMIT:]:
-            await self.store.run(
-                self.ops.run_record(
-                    self.options.namespace,
-                    spec.name,
-                    slot,
-                    "missed",
-                    f"missed (catchup = {spec.catchup})",
-                    "schedule",
-                )
+    async def _record_missed(self, plans: Sequence[tuple[PlannedJob, Plan]]) -> None:
+        """Record ``missed`` the slots catch-up gives up, for every job of a pass together:
+        one round trip per :data:`_RECORD_BATCH` slots, not one per slot (a replica that
+        fell behind must not fall further behind recording it)."""
+        notes: list[RunNote] = []
+        counted: list[tuple[JobSpec, int]] = []
+        for job, plan in plans:
+            spec = job.spec
+            # A superseded definition's slots are not the job's: nothing is recorded for
+            # them (a row would keep the governing replica from a slot both schedules have).
+            if not plan.missed or spec.name in self.definitions.conflicts:
+                continue
+            why = f"missed (catchup = {spec.catchup})"
+            notes += (
+                RunNote(spec.name, slot, "missed", why, "schedule")
+                for slot in plan.missed[-_MISSED_RECORD_LIMIT:]
             )
-        if missed:
+            counted.append((spec, len(plan.missed)))
+        for start in range(0, len(notes), _RECORD_BATCH):
+            chunk = notes[start : start + _RECORD_BATCH]
+            await self.store.run(self.ops.run_record_many(self.options.namespace, chunk))
+        for spec, count in counted:
             if self.metrics is not None:
-                self.metrics.missed(spec.name, len(missed))
+                self.metrics.missed(spec.name, count)
             log.warning(
                 "%s: %d slot(s) missed (catchup = %s)",
                 spec.name,
-                len(missed),
+                count,
                 spec.catchup,
-                extra={"action": "slot_missed", "job": spec.name, "count": len(missed)},
+                extra={"action": "slot_missed", "job": spec.name, "count": count},
             )
-        job.cursor_us = plan.ready[-1]  # only once recorded: a store error retries the lot
+
+    def _collect(self, job: PlannedJob, plan: Plan) -> list[SlotClaim]:
+        """The job's slots to claim by ``plan``, its cursor moved past them (called once
+        the plan's missed slots are recorded: a store error retries the lot)."""
+        if not plan.ready:
+            return []
+        spec = job.spec
+        job.cursor_us = plan.ready[-1]
         # Caught-up slots run one after another, not "skipped while the previous runs".
         self._catching_up.update((spec.name, slot) for slot in plan.caught_up)
         return [

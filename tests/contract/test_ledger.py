@@ -30,6 +30,7 @@ from fleetcron.models import (
     JobRecord,
     LeaseRecord,
     RunFinish,
+    RunNote,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -1264,6 +1265,40 @@ def test_run_record_never_overwrites_a_running_or_finished_row(ledger: Ledger) -
 
     assert stored(ledger.must_get("job", s1)) == stored(running)
     assert stored(ledger.must_get("job", s2)) == stored(done)
+
+
+def test_record_many_answers_each_note_in_order_as_run_record_would(ledger: Ledger) -> None:
+    s1, s2, s3, s4 = ledger.past_slots(4)
+    running = ledger.must_claim("job", s1, exclusive=False)
+    assert ledger.record("job", s2, "skipped")
+    future = ledger.now() + 3_600_000_000
+    notes = [
+        RunNote("job", s1, "missed", "late", "schedule"),  # running: kept
+        RunNote("job", s2, "missed", "late", "schedule"),  # recorded already: kept
+        RunNote("job", s3, "missed", "late", "schedule"),
+        RunNote("other", s4, "skipped", "overlap", "backfill"),
+        RunNote("job", s4, "missed", None, "schedule"),
+        RunNote("job", s3, "skipped", "again", "schedule"),  # the batch's own row: kept
+        RunNote("job", future, "missed", None, "schedule"),  # not due: never a row
+    ]
+
+    answers = ledger.store.run(ledger.ops.run_record_many(ledger.namespace, notes))
+
+    assert answers == [False, False, True, True, True, False, False]
+    assert stored(ledger.must_get("job", s1)) == stored(running)
+    assert ledger.must_get("job", s2).state == "skipped"
+    third = ledger.must_get("job", s3)
+    assert (third.state, third.error, third.trigger) == ("missed", "late", "schedule")
+    other = ledger.must_get("other", s4)
+    assert (other.state, other.error, other.trigger) == ("skipped", "overlap", "backfill")
+    assert ledger.must_get("job", s4).error is None
+    assert ledger.get("job", future) is None
+    assert ledger.must_job("job").high_water_us == s4
+    assert ledger.must_job("other").high_water_us == s4
+
+
+def test_record_many_of_nothing_answers_nothing(ledger: Ledger) -> None:
+    assert ledger.store.run(ledger.ops.run_record_many(ledger.namespace, [])) == []
 
 
 def test_run_settled_names_the_slots_with_a_row_other_than_queued(ledger: Ledger) -> None:

@@ -9,6 +9,7 @@ about timings.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
@@ -476,7 +477,7 @@ async def test_sifting_drops_fresh_slots_others_have_and_keeps_retries_and_recov
 async def test_a_store_error_while_collecting_keeps_every_due_job_in_the_heap() -> None:
     store = MemoryStore()
     failing = FailingOn(store)
-    failing.failing = {"run_record"}
+    failing.failing = {"run_record_many"}
     # catchup = skip with a cursor an hour back: collecting records missed slots, and fails.
     jobs = [spec(name, lambda ctx: None, every="1s", catchup="skip") for name in ("a", "b")]
     scheduler = AsyncScheduler(failing, jobs, SchedulerOptions(namespace=NS))
@@ -498,6 +499,41 @@ async def test_a_store_error_while_collecting_keeps_every_due_job_in_the_heap() 
     await scheduler._tick(0.0)  # the next tick collects (and records) what failed
     assert all(job.cursor_us >= now - 1_000_000 for job in scheduler._jobs.values())
     assert any(r.state == "missed" for r in ledger(store, "a"))
+
+
+class Counting(AsyncMemoryStore):
+    """An async store that counts the operations it runs, by name."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    async def run(self, operation: Any) -> Any:
+        self.calls[getattr(operation, "__name__", "")] += 1
+        return await super().run(operation)
+
+
+async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round_trip() -> None:
+    store = MemoryStore()
+    counting = Counting(store)
+    names = [f"job-{index}" for index in range(150)]
+    # catchup = skip, each cursor 10 s back: every job has slots past the late tolerance.
+    jobs = [spec(name, lambda ctx: None, every="1s", catchup="skip") for name in names]
+    scheduler = AsyncScheduler(counting, jobs, SchedulerOptions(namespace=NS))
+    now = store.clock.wall_us()
+    for name in names:
+        scheduler._jobs[name] = planning.PlannedJob(
+            spec=scheduler.specs[name], cursor_us=now - 10_000_000
+        )
+        scheduler._due.push(scheduler._jobs[name])
+
+    await scheduler._tick(0.0)
+
+    assert counting.calls["run_record_many"] == 1
+    assert counting.calls["run_record"] == 0
+    missed = {name: [r for r in ledger(store, name) if r.state == "missed"] for name in names}
+    assert all(len(rows) >= 3 for rows in missed.values()), "each job's late slots recorded"
+    assert all(r.error == "missed (catchup = skip)" for rows in missed.values() for r in rows)
 
 
 async def test_won_claims_start_even_when_recording_a_refusal_fails() -> None:

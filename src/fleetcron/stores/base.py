@@ -38,6 +38,7 @@ from fleetcron.models import (
     ReplicaInfo,
     ReplicaRecord,
     RunFinish,
+    RunNote,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -323,6 +324,12 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         self, namespace: str, job: str, slot_us: int, state: str, error: str | None, trigger: str
     ) -> Operation[bool]:
         """Insert a final row (skipped, missed) for a slot that has none."""
+        ...
+
+    def run_record_many(self, namespace: str, notes: Sequence[RunNote]) -> Operation[list[bool]]:
+        """:meth:`run_record` for many slots in one round trip: one answer per note, in
+        input order, each insert atomic on its own (like the items of
+        :meth:`run_finish_many`)."""
         ...
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:

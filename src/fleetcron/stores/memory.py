@@ -21,6 +21,7 @@ from fleetcron.models import (
     ReplicaInfo,
     ReplicaRecord,
     RunFinish,
+    RunNote,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -259,26 +260,16 @@ class _MemoryLedger:
         error: str | None,
         trigger: str,
     ) -> Operation[bool]:
-        final_state = state
+        (recorded,) = yield from self.run_record_many(
+            namespace, [RunNote(job, slot_us, state, error, trigger)]
+        )
+        return recorded
 
-        def step(store: _State, now: int) -> bool:
-            key = (namespace, job, slot_us)
-            if key in store.runs or slot_us > now:  # never a row for a slot not yet due
-                return False
-            store.runs[key] = recorded_run(
-                namespace=namespace,
-                job=job,
-                slot_us=slot_us,
-                state=final_state,
-                error=error,
-                trigger=trigger,
-                now=now,
-            )
-            if final_state != "queued":  # a manual run is not schedule progress
-                _raise_high_water(store, namespace, job, slot_us, now)
-            return True
+    def run_record_many(self, namespace: str, notes: Sequence[RunNote]) -> Operation[list[bool]]:
+        def step(state: _State, now: int) -> list[bool]:
+            return [_record(state, namespace, note, now) for note in notes]
 
-        result: bool = yield _step(step)
+        result: list[bool] = yield _step(step)
         return result
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
@@ -585,6 +576,24 @@ class AsyncMemoryStore:
 
     async def close(self) -> None:
         await asyncio.sleep(0)
+
+
+def _record(state: _State, namespace: str, note: RunNote, now: int) -> bool:
+    key = (namespace, note.job, note.slot_us)
+    if key in state.runs or note.slot_us > now:  # never a row for a slot not yet due
+        return False
+    state.runs[key] = recorded_run(
+        namespace=namespace,
+        job=note.job,
+        slot_us=note.slot_us,
+        state=note.state,
+        error=note.error,
+        trigger=note.trigger,
+        now=now,
+    )
+    if note.state != "queued":  # a manual run is not schedule progress
+        _raise_high_water(state, namespace, note.job, note.slot_us, now)
+    return True
 
 
 def _finish(state: _State, namespace: str, finish: RunFinish, now: int) -> bool:

@@ -76,6 +76,7 @@ from fleetcron.models import (
     ReplicaInfo,
     ReplicaRecord,
     RunFinish,
+    RunNote,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -192,6 +193,16 @@ def _finish_call(
         finish.job,
     )
     return keys, args
+
+
+def _record_call(namespace: str, note: RunNote) -> tuple[tuple[str, ...], tuple[ScriptArg, ...]]:
+    """The keys and arguments of one ``run_record`` script call."""
+    keys = (
+        job_key(namespace, note.job),
+        run_key(namespace, note.job, note.slot_us),
+        slots_key(namespace, note.job),
+    )
+    return keys, (note.slot_us, note.state, _opt(note.error), note.trigger, note.job)
 
 
 def _run(namespace: str, reply: Any) -> RunRecord:
@@ -353,16 +364,17 @@ class _RedisLedger:
     def run_record(
         self, namespace: str, job: str, slot_us: int, state: str, error: str | None, trigger: str
     ) -> Operation[bool]:
-        reply = yield Script(
-            "run_record",
-            (
-                job_key(namespace, job),
-                run_key(namespace, job, slot_us),
-                slots_key(namespace, job),
-            ),
-            (slot_us, state, _opt(error), trigger, job),
-        )
+        keys, args = _record_call(namespace, RunNote(job, slot_us, state, error, trigger))
+        reply = yield Script("run_record", keys, args)
         return bool(reply)
+
+    def run_record_many(self, namespace: str, notes: Sequence[RunNote]) -> Operation[list[bool]]:
+        if not notes:
+            return []
+        # One call per note (its keys share the job's hash tag), all in one pipeline.
+        calls = tuple(_record_call(namespace, note) for note in notes)
+        replies = yield ScriptCalls("run_record", calls)
+        return [bool(reply) for reply in replies]
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
         reply = yield Script("run_cancel", (slots_key(namespace, job),), ())

@@ -19,6 +19,7 @@ from fleetcron.models import (
     ReplicaInfo,
     ReplicaRecord,
     RunFinish,
+    RunNote,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -146,6 +147,17 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
         "lost_error": LOST_ERROR,
         "missed_error": MISSED_ERROR,
         "output_limit": OUTPUT_LIMIT,
+    }
+
+
+def _note_params(namespace: str, note: RunNote) -> dict[str, object]:
+    return {
+        "namespace": namespace,
+        "job": note.job,
+        "slot_us": note.slot_us,
+        "state": note.state,
+        "error": note.error,
+        "trigger": note.trigger,
     }
 
 
@@ -284,18 +296,16 @@ class SqlLedger:
         error: str | None,
         trigger: str,
     ) -> Operation[bool]:
-        result: SqlResult = yield Query(
-            "run_record",
-            {
-                "namespace": namespace,
-                "job": job,
-                "slot_us": slot_us,
-                "state": state,
-                "error": error,
-                "trigger": trigger,
-            },
-        )
+        note = RunNote(job, slot_us, state, error, trigger)
+        result: SqlResult = yield Query("run_record", _note_params(namespace, note))
         return bool(result.rows and result.rows[0][0])
+
+    def run_record_many(self, namespace: str, notes: Sequence[RunNote]) -> Operation[list[bool]]:
+        if not notes:
+            return []
+        batch = tuple(_note_params(namespace, note) for note in notes)
+        results: list[SqlResult] = yield QueryBatch("run_record", batch)
+        return [bool(result.rows and result.rows[0][0]) for result in results]
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
         result: SqlResult = yield Query("run_cancel", {"namespace": namespace, "job": job})

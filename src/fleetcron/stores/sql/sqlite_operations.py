@@ -18,6 +18,7 @@ from fleetcron.models import (
     ReplicaInfo,
     ReplicaRecord,
     RunFinish,
+    RunNote,
     RunOutcome,
     RunRecord,
     SlotClaim,
@@ -210,25 +211,40 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         error: str | None,
         trigger: str,
     ) -> Operation[bool]:
+        (recorded,) = yield from self.run_record_many(
+            namespace, [RunNote(job, slot_us, state, error, trigger)]
+        )
+        return recorded
+
+    def run_record_many(self, namespace: str, notes: Sequence[RunNote]) -> Operation[list[bool]]:
+        # One BEGIN IMMEDIATE transaction, one commit, for the batch (as run_finish_many).
+        if not notes:
+            return []
         now = yield from self._now()
-        if slot_us > now:  # never a row for a slot the store's clock has not reached
+        answers = []
+        for note in notes:
+            answers.append((yield from self._record(namespace, note, now)))  # noqa: PERF401
+        return answers
+
+    def _record(self, namespace: str, note: RunNote, now: int) -> Operation[bool]:
+        if note.slot_us > now:  # never a row for a slot the store's clock has not reached
             return False
-        existing = yield from self._run(namespace, job, slot_us, now)
+        existing = yield from self._run(namespace, note.job, note.slot_us, now)
         if existing is not None:
             return False
         yield self._put_run(
             recorded_run(
                 namespace=namespace,
-                job=job,
-                slot_us=slot_us,
-                state=state,
-                error=error,
-                trigger=trigger,
+                job=note.job,
+                slot_us=note.slot_us,
+                state=note.state,
+                error=note.error,
+                trigger=note.trigger,
                 now=now,
             )
         )
-        if state != "queued":  # a manual run is not schedule progress
-            yield from self._raise_high_water(namespace, job, slot_us, now)
+        if note.state != "queued":  # a manual run is not schedule progress
+            yield from self._raise_high_water(namespace, note.job, note.slot_us, now)
         return True
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
