@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 HISTORY = 50  # ledger rows read per job: the last run, durations, starvation
+_LIST_BATCH = 500  # jobs whose ledger rows are read per round trip
 FINGERPRINT_SHOWN = 12  # hex digits of a jobs fingerprint shown to people
 ALERT_MARKER_PREFIX = "fleetcron:alert:"
 """The names of the monitor's alert markers begin with this (``fleetcron:alert:<job>``)."""
@@ -138,10 +139,11 @@ def read_status(
     wanted = set(jobs) if jobs is not None else None
     selected = [row for row in rows if wanted is None or row.job in wanted]
     found = {row.job for row in selected}
-    healths = []
-    for row in selected:
-        runs = yield from ops.run_list(namespace, row.job, history)
-        healths.append(assess(row, runs))
+    healths: list[JobHealth] = []
+    for start in range(0, len(selected), _LIST_BATCH):
+        chunk = selected[start : start + _LIST_BATCH]
+        ledgers = yield from ops.run_list_many(namespace, [row.job for row in chunk], history)
+        healths += (assess(row, runs) for row, runs in zip(chunk, ledgers, strict=True))
     healths.sort(key=lambda h: (_ORDER.get(h.state, 6), h.job))
     clocks = [row.now_us for row in rows] + [lease.now_us for lease in leases]
     now = max(clocks + [replica.now_us for replica in replicas], default=0)

@@ -1360,6 +1360,33 @@ def test_run_list_returns_newest_slot_first_for_one_job_or_all_up_to_the_limit(
     assert stored_rows[("c", s3)] == stored(ledger.must_get("c", s3))
 
 
+def test_run_list_many_answers_each_job_as_run_list_would_in_input_order(ledger: Ledger) -> None:
+    s0, s1, s2, s3 = ledger.past_slots(4)
+    for job, slot in (("a", s0), ("a", s2), ("a", s3), ("b", s1)):
+        assert ledger.record(job, slot, "skipped")
+    ledger.must_claim("c", s3)
+    assert ledger.elsewhere().record("a", s1, "missed")
+    odd = "naïve ☃ 名前"
+    assert ledger.record(odd, s0, "missed")
+
+    def many(jobs: list[str], limit: int) -> list[list[RunRecord]]:
+        return ledger.store.run(ledger.ops.run_list_many(ledger.namespace, jobs, limit))
+
+    answers = many(["c", "nobody", "a", odd, "b", "a"], 2)
+    assert [[(r.job, r.slot_us) for r in rows] for rows in answers] == [
+        [("c", s3)],
+        [],
+        [("a", s3), ("a", s2)],
+        [(odd, s0)],
+        [("b", s1)],
+        [("a", s3), ("a", s2)],
+    ]
+    assert all(r.namespace == ledger.namespace for rows in answers for r in rows)
+    assert [stored(r) for r in many(["a"], 10)[0]] == [stored(r) for r in ledger.runs("a")]
+    assert stored(answers[0][0]) == stored(ledger.must_get("c", s3))
+    assert many([], 5) == []
+
+
 def test_run_prune_keeps_the_newest_final_rows_per_job_and_every_running_row(
     ledger: Ledger,
 ) -> None:

@@ -153,3 +153,23 @@ def test_the_token_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     assert web_cmd.web_token() is None
     monkeypatch.setenv(TOKEN_ENV, "0123456789abcdef0123\n")
     assert web_cmd.web_token() == "0123456789abcdef0123"
+
+
+def test_every_job_is_assessed_with_its_own_ledger_rows_past_one_batch_of_jobs() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    names = [f"job-{index:04d}" for index in range(1_203)]  # three round trips of jobs
+    store.run(store.ops.job_register(NS, [(name, "{}", "f" * 32) for name in names]))
+    slot = clock.wall_us() - 60 * S
+    failed = set(names[498:503] + names[-2:])  # on both sides of each batch's edge
+    for name in failed:
+        assert store.run(store.ops.run_record(NS, name, slot, "missed", "late", "schedule"))
+
+    status = store.run(read_status(store.ops, NS))
+
+    assert sorted(health.job for health in status.jobs) == names
+    latest = {health.job: health.last_run for health in status.jobs}
+    assert {name for name, run in latest.items() if run is not None} == failed
+    assert {name: run.job for name, run in latest.items() if run is not None} == {
+        name: name for name in failed
+    }

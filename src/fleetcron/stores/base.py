@@ -360,6 +360,13 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         """Ledger rows, newest slot first."""
         ...
 
+    def run_list_many(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[list[RunRecord]]]:
+        """:meth:`run_list` of each of ``jobs`` (its newest ``limit`` rows, newest slot
+        first), in input order, in one round trip."""
+        ...
+
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
         """Delete final rows beyond the newest ``keep`` per job or older than the age."""
         ...

@@ -333,6 +333,21 @@ class _MemoryLedger:
         result: list[RunRecord] = yield _step(step)
         return result
 
+    def run_list_many(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[list[RunRecord]]]:
+        def step(state: _State, now: int) -> list[list[RunRecord]]:
+            by_job: dict[str, list[RunRecord]] = {job: [] for job in jobs}
+            for (ns, name, _), run in state.runs.items():
+                if ns == namespace and name in by_job:
+                    by_job[name].append(replace(run, now_us=now))
+            for rows in by_job.values():
+                rows.sort(key=lambda run: -run.slot_us)
+            return [by_job[job][:limit] for job in jobs]
+
+        result: list[list[RunRecord]] = yield _step(step)
+        return result
+
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
         def step(state: _State, now: int) -> int:
             by_job: dict[str, list[RunRecord]] = {}

@@ -406,6 +406,16 @@ class _RedisLedger:
         rows.sort(key=lambda run: (-run.slot_us, run.job))
         return rows[:limit]
 
+    def run_list_many(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[list[RunRecord]]]:
+        if not jobs or limit <= 0:
+            return [[] for _ in jobs]
+        # One call per job's slot index, all in one pipeline.
+        keys = tuple(slots_key(namespace, job) for job in jobs)
+        replies = yield fan_out("run_list", keys, (limit,))
+        return [[_run(namespace, row) for row in reply] for reply in replies]
+
     def run_due(
         self, namespace: str, limit: int, jobs: Sequence[str] | None = None
     ) -> Operation[list[RunRecord]]:

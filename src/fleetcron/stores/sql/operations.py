@@ -352,6 +352,15 @@ class SqlLedger:
             )
         return rows_to_runs(namespace, result.rows)
 
+    def run_list_many(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[list[RunRecord]]]:
+        if not jobs:
+            return []
+        batch = tuple({"namespace": namespace, "job": job, "limit": limit} for job in jobs)
+        results: list[SqlResult] = yield QueryBatch("run_list_job", batch)
+        return [rows_to_runs(namespace, result.rows) for result in results]
+
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
         result: SqlResult = yield Query(
             "run_prune", {"namespace": namespace, "keep": keep, "older_than_us": older_than_us}

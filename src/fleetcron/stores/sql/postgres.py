@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import re
 import time
@@ -24,7 +25,8 @@ from fleetcron.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fleetcron.stores.base import Capability, SqlResult, connect_error
+from fleetcron.models import RunRecord
+from fleetcron.stores.base import Capability, Operation, SqlResult, connect_error, rows_to_runs
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
 from fleetcron.stores.sql.queue import SqlQueue
@@ -36,6 +38,7 @@ from fleetcron.stores.sql.runner import (
     timed_out,
 )
 from fleetcron.stores.sql.watchdog import Deadline, deadline
+from fleetcron.stores.statements import Query
 from fleetcron.stores.url import StoreURL
 
 __all__ = [
@@ -142,6 +145,22 @@ _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
 
 class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
     """Lease, run-ledger, work-queue and checkpoint operations of PostgreSQL."""
+
+    def run_list_many(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[list[RunRecord]]]:
+        # One statement (a lateral index scan per job), not a pipeline of one per job: a
+        # status read of thousands of jobs is one result to fetch, not thousands.
+        if not jobs:
+            return []
+        result: SqlResult = yield Query(
+            "run_list_many",
+            {"namespace": namespace, "jobs": json.dumps(list(jobs)), "limit": limit},
+        )
+        ledgers: list[list[tuple[Any, ...]]] = [[] for _ in jobs]
+        for row in result.rows:
+            ledgers[int(row[0]) - 1].append(row[1:])
+        return [rows_to_runs(namespace, rows) for rows in ledgers]
 
 
 def batch_transactions(batch: Sequence[Mapping[str, object]]) -> list[list[int]]:

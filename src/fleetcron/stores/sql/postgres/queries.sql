@@ -190,6 +190,20 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
  ORDER BY slot_us DESC
  LIMIT %(limit)s;
 
+-- name: run_list_many
+-- The newest `limit` rows of each job of the JSON array, each job's behind its position
+-- (first column) in the array: one index scan per job, one statement for them all.
+SELECT j.ord, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.trigger,
+       r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
+       r.exit_code, r.error, r.output, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM jsonb_array_elements_text(%(jobs)s::jsonb) WITH ORDINALITY AS j(job, ord)
+  CROSS JOIN LATERAL (
+        SELECT * FROM fleetcron_run
+         WHERE namespace = %(namespace)s AND job = j.job
+         ORDER BY slot_us DESC
+         LIMIT %(limit)s) AS r
+ ORDER BY j.ord, r.slot_us DESC;
+
 -- name: run_prune
 -- Final rows beyond the newest `keep` of their job, or finished longer ago than the age.
 -- A row claimed again meanwhile is re-checked by the DELETE and kept (never a running row).
