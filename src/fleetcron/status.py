@@ -3,7 +3,7 @@ from the store in one operation (so the sync and the async face share it), and i
 shape (``status --json`` and the dashboard's ``/api/status``).
 
 Reading costs one round trip for the job rows, one for the leases, one for the replicas
-and one per selected job for its recent ledger rows.
+and one per 200 selected jobs for their recent ledger rows.
 
 The monitor's alert markers (lease rows named :data:`ALERT_MARKER_PREFIX`…, see
 :mod:`fleetcron.scheduling.monitor`) are bookkeeping, not locks: they come with the lease
@@ -21,6 +21,7 @@ from fleetcron.health import JobHealth, assess
 from fleetcron.models import (
     FINAL_STATES,
     REPLICA_RETAIN_US,
+    JobRecord,
     LeaseRecord,
     ReplicaRecord,
     RunRecord,
@@ -29,7 +30,7 @@ from fleetcron.models import (
 from fleetcron.queue_models import QueueStats
 from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.leadership import LEADER_LEASE
-from fleetcron.stores.base import Operation, Operations
+from fleetcron.stores.base import AsyncStore, Operation, Operations
 
 __all__ = [
     "ALERT_MARKER_PREFIX",
@@ -42,6 +43,7 @@ __all__ = [
     "lease_json",
     "queue_json",
     "read_status",
+    "read_status_in_turns",
     "replica_json",
     "run_duration_us",
     "run_json",
@@ -50,7 +52,7 @@ __all__ = [
 ]
 
 HISTORY = 50  # ledger rows read per job: the last run, durations, starvation
-_LIST_BATCH = 500  # jobs whose ledger rows are read per round trip
+_LIST_BATCH = 200  # jobs whose ledger rows are read per round trip
 FINGERPRINT_SHOWN = 12  # hex digits of a jobs fingerprint shown to people
 ALERT_MARKER_PREFIX = "fleetcron:alert:"
 """The names of the monitor's alert markers begin with this (``fleetcron:alert:<job>``)."""
@@ -130,36 +132,91 @@ def read_status(
     leases, its alert markers apart, its replicas (up, and gone within
     :data:`REPLICA_RETAIN_US`) and, unless ``queues`` is false (a reader that shows no
     queue spares the store their count), its queues."""
+    fleet = yield from _read_fleet(ops, namespace, jobs, queues)
+    healths: list[JobHealth] = []
+    for chunk in fleet.chunks():
+        ledgers = yield from ops.run_list_many(namespace, [row.job for row in chunk], history)
+        healths += map(assess, chunk, ledgers)
+    return fleet.status(healths)
+
+
+async def read_status_in_turns(
+    store: AsyncStore,
+    namespace: str,
+    jobs: Sequence[str] | None = None,
+    *,
+    history: int = HISTORY,
+    queues: bool = True,
+) -> FleetStatus:
+    """:func:`read_status` as several operations: the fleet's rows in one, then the ledger
+    rows of each :data:`_LIST_BATCH` jobs in one more, so that a long read never holds
+    the store for long (a replica's monitor shares the store with its scheduling)."""
+    fleet = await store.run(_read_fleet(store.ops, namespace, jobs, queues))
+    healths: list[JobHealth] = []
+    for chunk in fleet.chunks():
+        names = [row.job for row in chunk]
+        ledgers = await store.run(store.ops.run_list_many(namespace, names, history))
+        healths += map(assess, chunk, ledgers)
+    return fleet.status(healths)
+
+
+@dataclass(frozen=True)
+class _Fleet:
+    """What a status read finds before the ledger: the selected job rows and the rest."""
+
+    namespace: str
+    wanted: frozenset[str] | None
+    rows: list[JobRecord]
+    leases: list[LeaseRecord]
+    replicas: list[ReplicaRecord]
+    queues: list[QueueStats]
+    now_us: int
+
+    def chunks(self) -> Iterable[list[JobRecord]]:
+        """The selected job rows, :data:`_LIST_BATCH` at a time."""
+        selected = [r for r in self.rows if self.wanted is None or r.job in self.wanted]
+        for start in range(0, len(selected), _LIST_BATCH):
+            yield selected[start : start + _LIST_BATCH]
+
+    def status(self, healths: list[JobHealth]) -> FleetStatus:
+        healths.sort(key=lambda h: (_ORDER.get(h.state, 6), h.job))
+        leases = self.leases
+        leader = next((le for le in leases if le.name == LEADER_LEASE and le.held), None)
+        found = {row.job for row in self.rows}
+        return FleetStatus(
+            namespace=self.namespace,
+            now_us=self.now_us,
+            jobs=tuple(healths),
+            leader=leader,
+            unknown_jobs=tuple(sorted((self.wanted or set()) - found)),
+            leases=tuple(shown_leases(leases)),
+            markers=tuple(lease for lease in leases if is_alert_marker(lease.name)),
+            replicas=tuple(self.replicas),
+            queues=tuple(self.queues),
+        )
+
+
+def _read_fleet(
+    ops: Operations, namespace: str, jobs: Sequence[str] | None, queues: bool
+) -> Operation[_Fleet]:
     rows = yield from ops.job_list(namespace)
     leases = yield from ops.lease_list(namespace)
     replicas = yield from ops.replica_list(namespace, REPLICA_RETAIN_US)
     queue_stats = (yield from ops.queue_stats(namespace, None)) if queues else []
     if isinstance(jobs, str):
         jobs = [jobs]  # one job's name, not the characters of it
-    wanted = set(jobs) if jobs is not None else None
-    selected = [row for row in rows if wanted is None or row.job in wanted]
-    found = {row.job for row in selected}
-    healths: list[JobHealth] = []
-    for start in range(0, len(selected), _LIST_BATCH):
-        chunk = selected[start : start + _LIST_BATCH]
-        ledgers = yield from ops.run_list_many(namespace, [row.job for row in chunk], history)
-        healths += (assess(row, runs) for row, runs in zip(chunk, ledgers, strict=True))
-    healths.sort(key=lambda h: (_ORDER.get(h.state, 6), h.job))
     clocks = [row.now_us for row in rows] + [lease.now_us for lease in leases]
     now = max(clocks + [replica.now_us for replica in replicas], default=0)
     if not now:
         now = yield from ops.store_now()
-    leader = next((lease for lease in leases if lease.name == LEADER_LEASE and lease.held), None)
-    return FleetStatus(
+    return _Fleet(
         namespace=namespace,
+        wanted=frozenset(jobs) if jobs is not None else None,
+        rows=rows,
+        leases=leases,
+        replicas=replicas,
+        queues=queue_stats,
         now_us=now,
-        jobs=tuple(healths),
-        leader=leader,
-        unknown_jobs=tuple(sorted((wanted or set()) - found)),
-        leases=tuple(shown_leases(leases)),
-        markers=tuple(lease for lease in leases if is_alert_marker(lease.name)),
-        replicas=tuple(replicas),
-        queues=tuple(queue_stats),
     )
 
 

@@ -7,15 +7,16 @@ import argparse
 import json
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fleetcron.cli import status_cmd, web_cmd
 from fleetcron.errors import ConfigurationError
 from fleetcron.models import REPLICA_RETAIN_US, ReplicaInfo
-from fleetcron.status import read_status
+from fleetcron.status import read_status, read_status_in_turns
 from fleetcron.stores import open_store, parse_store_url
-from fleetcron.stores.memory import MemoryStore
+from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.testing import FakeClock
 
 NS = "view"
@@ -173,3 +174,33 @@ def test_every_job_is_assessed_with_its_own_ledger_rows_past_one_batch_of_jobs()
     assert {name: run.job for name, run in latest.items() if run is not None} == {
         name: name for name in failed
     }
+
+
+class _Turns(AsyncMemoryStore):
+    """An async store that counts the operations it is given."""
+
+    turns = 0
+
+    async def run(self, operation: Any) -> Any:
+        self.turns += 1
+        return await super().run(operation)
+
+
+async def test_a_status_read_in_turns_is_the_same_read_split_into_operations() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    names = [f"job-{index:04d}" for index in range(450)]
+    store.run(store.ops.job_register(NS, [(name, "{}", "f" * 32) for name in names]))
+    slot = clock.wall_us() - 60 * S
+    for name in names[::7]:
+        assert store.run(store.ops.run_record(NS, name, slot, "missed", "late", "schedule"))
+    _beat(store, 1)
+    turns = _Turns(store)
+
+    whole = store.run(read_status(store.ops, NS, [*names[:300], "nobody"]))
+    split = await read_status_in_turns(turns, NS, [*names[:300], "nobody"])
+
+    assert split == whole
+    assert turns.turns == 3  # the fleet's rows, then 200 + 100 jobs' ledger rows
+    assert split.unknown_jobs == ("nobody",)
+    assert len(split.jobs) == 300

@@ -53,7 +53,7 @@ from fleetcron.health import JobHealth
 from fleetcron.jobspec import JobSpec
 from fleetcron.models import LeaseRecord, display_holder
 from fleetcron.scheduling.retention import DEFAULT_RETENTION_S, PassResult, Pruner
-from fleetcron.status import ALERT_MARKER_PREFIX, FleetStatus, read_status
+from fleetcron.status import ALERT_MARKER_PREFIX, FleetStatus, read_status_in_turns
 from fleetcron.stores.base import AsyncStore
 
 __all__ = [
@@ -224,9 +224,8 @@ class Monitor:
         try:
             if not await self._hold():
                 return None
-            status = await self.store.run(
-                read_status(self.store.ops, self.namespace, self.jobs, queues=False)
-            )
+            # In turns: the scheduling that shares this store is not held up for the read.
+            status = await read_status_in_turns(self.store, self.namespace, self.jobs, queues=False)
         except StoreError as exc:
             log.debug("monitor: %s", exc, extra={"action": "monitor_failed"})
             return None
