@@ -425,23 +425,14 @@ class AsyncScheduler:
         # replicas starting together do not queue on the same job rows.
         random.shuffle(specs)
         fingerprints = self.definitions.local
-        if len(specs) > _REGISTER_BATCH:
+        many = len(specs) > _REGISTER_BATCH
+        if many:
             # Many jobs: one read of what the store holds, and only the definitions it does
             # not hold are written (a restart, or the twentieth replica of a fleet, writes
             # nothing). The jobs whose definition is already stored are planned from it.
-            rows = await self.store.run(self.ops.job_list(ns))
-            stored = {row.job: row for row in rows}
-            unchanged = [
-                spec
-                for spec in specs
-                if spec.name in stored and stored[spec.name].fingerprint == fingerprints[spec.name]
-            ]
-            for spec in unchanged:
-                self._add_job(spec, stored[spec.name], store_now)
-            held = {spec.name for spec in unchanged}
-            specs = [spec for spec in specs if spec.name not in held]
-        for start in range(0, len(specs), _REGISTER_BATCH):
-            chunk = specs[start : start + _REGISTER_BATCH]
+            specs = await self._unheld(specs, store_now)
+        while specs:
+            chunk, specs = specs[:_REGISTER_BATCH], specs[_REGISTER_BATCH:]
             befores = await self.store.run(
                 self.ops.job_register(
                     ns,
@@ -457,6 +448,31 @@ class AsyncScheduler:
             )
             for spec, before in zip(chunk, befores, strict=True):
                 self._add_job(spec, before, store_now)
+            written = sum(
+                1
+                for spec, before in zip(chunk, befores, strict=True)
+                if before is not None and before.fingerprint == fingerprints[spec.name]
+            )
+            if many and specs and 4 * written >= len(chunk):
+                # Other replicas are registering the same definitions right now (a fleet
+                # starting together): read again what they wrote rather than queue on
+                # their rows to write it once more.
+                specs = await self._unheld(specs, store_now)
+
+    async def _unheld(self, specs: list[JobSpec], store_now: int) -> list[JobSpec]:
+        """Of ``specs``, the ones whose definition the store does not hold (one read); the
+        others are planned from their stored row."""
+        rows = await self.store.run(self.ops.job_list(self.options.namespace))
+        stored = {row.job: row for row in rows}
+        fingerprints = self.definitions.local
+        unheld = []
+        for spec in specs:
+            row = stored.get(spec.name)
+            if row is not None and row.fingerprint == fingerprints[spec.name]:
+                self._add_job(spec, row, store_now)
+            else:
+                unheld.append(spec)
+        return unheld
 
     def _add_job(self, spec: JobSpec, before: JobRecord | None, store_now: int) -> None:
         # The row as it was: another definition is reported, and this one now governs.

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import functools
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -534,6 +535,56 @@ async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round
     missed = {name: [r for r in ledger(store, name) if r.state == "missed"] for name in names}
     assert all(len(rows) >= 3 for rows in missed.values()), "each job's late slots recorded"
     assert all(r.error == "missed (catchup = skip)" for rows in missed.values() for r in rows)
+
+
+class RegisteringMeanwhile(Counting):
+    """A store where another replica registers ``definitions`` just before this
+    replica's first ``job_register`` arrives (a fleet starting together)."""
+
+    definitions: list[tuple[str, str, str]] = []  # noqa: RUF012 - set per instance below
+
+    async def run(self, operation: Any) -> Any:
+        if getattr(operation, "__name__", "") == "job_register" and self.definitions:
+            self.sync.run(self.sync.ops.job_register(NS, self.definitions))
+            self.definitions = []
+        return await super().run(operation)
+
+
+async def test_registration_reads_again_when_other_replicas_wrote_the_same_definitions() -> None:
+    store = MemoryStore()
+    racing = RegisteringMeanwhile(store)
+    names = [f"job-{index:04d}" for index in range(1_500)]  # three batches to write
+    jobs = [spec(name, lambda ctx: None, every="1m") for name in names]
+    scheduler = AsyncScheduler(racing, jobs, SchedulerOptions(namespace=NS))
+    local = scheduler.definitions.local
+    racing.definitions = [
+        (job.name, json.dumps(job.definition(), sort_keys=True), local[job.name]) for job in jobs
+    ]
+
+    await scheduler._register()
+
+    # The first batch found its rows written by the other replica: the rest were read
+    # back in one round trip, not written again.
+    assert racing.calls["job_register"] == 1
+    assert racing.calls["job_list"] == 2
+    assert sorted(scheduler._jobs) == names
+    assert not scheduler.definitions.conflicts
+    stored = {row.job: row.fingerprint for row in store.run(store.ops.job_list(NS))}
+    assert stored == {name: local[name] for name in names}
+
+
+async def test_registration_writes_every_batch_when_nobody_else_registers() -> None:
+    store = MemoryStore()
+    counting = Counting(store)
+    names = [f"job-{index:04d}" for index in range(1_500)]
+    jobs = [spec(name, lambda ctx: None, every="1m") for name in names]
+    scheduler = AsyncScheduler(counting, jobs, SchedulerOptions(namespace=NS))
+
+    await scheduler._register()
+
+    assert counting.calls["job_register"] == 3
+    assert counting.calls["job_list"] == 1
+    assert sorted(scheduler._jobs) == names
 
 
 async def test_won_claims_start_even_when_recording_a_refusal_fails() -> None:
