@@ -28,6 +28,7 @@ from fleetcron.jobspec import JobSpec, job_spec
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions, StoreOutage
 from fleetcron.scheduling import planning
+from fleetcron.scheduling.recovery import DUE_LIMIT, Recovery
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from unit.fakes import Recorded
@@ -297,6 +298,39 @@ async def test_a_replica_recovers_its_own_due_rows_behind_many_of_jobs_it_does_n
     assert row is not None
     assert (row.state, row.trigger) == ("succeeded", "manual")
     assert all(r.state == "queued" for r in ledger(store, "removed"))
+
+
+class DueAsked(AsyncMemoryStore):
+    """An async store that notes the ``jobs`` each ``run_due`` was asked for."""
+
+    asked: list[Any] = []  # noqa: RUF012 - set per instance below
+
+    async def run(self, operation: Any) -> Any:
+        if getattr(operation, "__name__", "") == "run_due":
+            self.asked.append(operation.gi_frame.f_locals["jobs"])
+        return await super().run(operation)
+
+
+async def test_the_recovery_poll_names_its_jobs_only_when_a_full_page_holds_others() -> None:
+    store = MemoryStore()
+    now = store.clock.wall_us()
+    due = DueAsked(store)
+    due.asked = []
+    recovery = Recovery(due, NS, {"daily": spec("daily", lambda ctx: None, every="1h")})
+    ours = now - 60_000_000
+    store.run(store.ops.run_record(NS, "daily", ours, "queued", None, "manual"))
+    store.run(store.ops.run_record(NS, "removed", ours, "queued", None, "manual"))
+
+    assert [(c.job, c.slot_us) for c in await recovery.poll(set())] == [("daily", ours)]
+    assert due.asked == [None]  # one page, not full: no list of names sent
+
+    for k in range(DUE_LIMIT):
+        slot = now - 3_600_000_000 + k * 1_000_000
+        store.run(store.ops.run_record(NS, "removed", slot, "queued", None, "manual"))
+    due.asked = []
+
+    assert [(c.job, c.slot_us) for c in await recovery.poll(set())] == [("daily", ours)]
+    assert due.asked == [None, ["daily"]]
 
 
 async def test_a_paused_job_is_not_run_and_its_slots_are_recorded_as_skipped() -> None:
