@@ -28,6 +28,7 @@ The rules (docs/operations.md):
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,17 +148,43 @@ def _starved(runs: Sequence[RunRecord]) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Definition:
+    """What the health rules read of a registered definition."""
+
+    schedule: Schedule
+    grace_us: int | None
+    lock_at_most_us: int | None
+    stuck_after_us: int | None
+    timezone: str | None
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _parse(text: str) -> _Definition | None:
+    """A definition's text, parsed once for every watch that reads it unchanged (the
+    monitor assesses every job every pass); ``None`` when it cannot be read."""
+    try:
+        definition = json.loads(text)
+        schedule = schedule_from_definition(definition["schedule"])
+    except (ValueError, KeyError, TypeError, ConfigurationError):
+        return None
+    return _Definition(
+        schedule=schedule,
+        grace_us=_int(definition.get("grace_us")),
+        lock_at_most_us=_int(definition.get("lock_at_most_us")),
+        stuck_after_us=_int(definition.get("stuck_after_us")),
+        timezone=str(definition.get("timezone") or "") or None,
+    )
+
+
 def assess(job: JobRecord, runs: Sequence[RunRecord]) -> JobHealth:
     """The health of ``job`` from its row and its recent ledger rows (newest first, as
     ``run_list`` returns them), at the store's clock of the row."""
     now = job.now_us
-    try:
-        definition = json.loads(job.definition or "{}")
-        schedule = schedule_from_definition(definition["schedule"])
-    except (ValueError, KeyError, TypeError, ConfigurationError):
+    parsed = _parse(job.definition or "{}")
+    if parsed is None:
         return _unknown(job, runs)
-    grace = _int(definition.get("grace_us"))
-    lock_at_most = _int(definition.get("lock_at_most_us"))
+    schedule, grace, lock_at_most = parsed.schedule, parsed.grace_us, parsed.lock_at_most_us
     evidence = [job.updated_us, job.high_water_us, job.last_success_us, job.last_failure_us]
     evidence += [run.slot_us for run in runs[-1:]]
     since = min(value for value in evidence if value is not None)
@@ -175,7 +202,7 @@ def assess(job: JobRecord, runs: Sequence[RunRecord]) -> JobHealth:
     )
     durations = _durations(runs)
     p95 = _p95(durations)
-    stuck_after = _int(definition.get("stuck_after_us"))
+    stuck_after = parsed.stuck_after_us
     if stuck_after is None and p95 is not None:
         stuck_after = max(STUCK_FACTOR * p95, p95 + STUCK_MARGIN_US)
     age = now - running.started_us if running is not None and running.started_us else None
@@ -219,7 +246,7 @@ def assess(job: JobRecord, runs: Sequence[RunRecord]) -> JobHealth:
         job=job.job,
         state=state,
         schedule=schedule.describe(),
-        timezone=str(definition.get("timezone") or "") or None,
+        timezone=parsed.timezone,
         paused=job.paused,
         next_slot_us=schedule.next_after(now),
         expected_slot_us=expected,
