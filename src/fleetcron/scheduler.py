@@ -223,7 +223,9 @@ class AsyncScheduler:
         self._last_recovery = 0.0
         self._contended = False  # the last claims found slots other replicas had taken
         # Slots other replicas own, with when each may be looked at (the store's clock).
-        self._foreign: deque[tuple[int, SlotClaim]] = deque()
+        # Other replicas' slots waiting for a look: (look at, job, slot, deadline). No
+        # claim is made for them (a run id each) unless one is adopted.
+        self._foreign: deque[tuple[int, str, int, int | None]] = deque()
         self._adopt_every_us = _ADOPT_EVERY_US[0]
         self._adopt_at_us = 0
         self._adopt_cap_us = _ADOPT_EVERY_US[1]  # spacing cap: half the shortest window
@@ -351,7 +353,7 @@ class AsyncScheduler:
                 self.definitions.conflicts.pop(name, None)
                 self.definitions.replaced.pop(name, None)
             self._pending = deque(c for c in self._pending if c.job in new)
-            self._foreign = deque(f for f in self._foreign if f[1].job in new)
+            self._foreign = deque(f for f in self._foreign if f[1] in new)
             fresh = [new[name] for name in (*change.added, *change.changed)]
             for spec in fresh:
                 self.specs[spec.name] = spec
@@ -614,11 +616,15 @@ class AsyncScheduler:
             plans = [(job, plan_slots(job, now)) for job in due]
             await self._record_missed(plans)
             for job, plan in plans:
-                for claim in self._collect(job, plan):
-                    if self._shared(claim):
+                spec = job.spec
+                for slot in self._collect(job, plan):
+                    slot_deadline = deadline(spec, slot)
+                    if self._shared(spec.name, slot):
                         # Collected after its delay already: ripe for adoption now.
-                        self._wait_for_owner(claim, now, ripe=job.spec.name in later)
+                        ripe = spec.name in later
+                        self._wait_for_owner(spec.name, slot, slot_deadline, now, ripe=ripe)
                     else:
+                        claim = claim_for(spec, slot, "schedule", deadline_us=slot_deadline)
                         self._pending.append(claim)
         finally:
             # Every popped job goes back in the heap, collected or not (a store error
@@ -634,9 +640,9 @@ class AsyncScheduler:
         await self._adopt(now)
         await self._claim()
 
-    def _shared(self, claim: SlotClaim) -> bool:
-        """Whether ``claim`` is a fresh slot another replica owns (claim mode only)."""
-        return self.options.mode == "claim" and not self.ring.owns(claim.job, claim.slot_us)
+    def _shared(self, job: str, slot_us: int) -> bool:
+        """Whether the slot is one another replica owns (claim mode only)."""
+        return self.options.mode == "claim" and not self.ring.owns(job, slot_us)
 
     def _collect_delay(self, spec: JobSpec, slot_us: int) -> int:
         """How long after its fire time a slot is collected: at once when this replica owns
@@ -653,18 +659,20 @@ class AsyncScheduler:
             return HANDOVER_US
         return max(1, min(HANDOVER_US, (deadline_us - slot_us) // 4))
 
-    def _wait_for_owner(self, claim: SlotClaim, now: int, *, ripe: bool = False) -> None:
+    def _wait_for_owner(
+        self, job: str, slot_us: int, deadline_us: int | None, now: int, *, ripe: bool = False
+    ) -> None:
         """Queue another replica's slot for adoption: looked at after a quarter of the time
         its catch-up policy gives it (at most :data:`HANDOVER_US`; at once when ``ripe``,
         collected after that wait already), and the reads are spaced so that it is looked
         at again before half of that time has passed."""
-        window = None if claim.deadline_us is None else claim.deadline_us - claim.slot_us
-        wait = 0 if ripe else self._handover(claim.deadline_us, claim.slot_us)
+        window = None if deadline_us is None else deadline_us - slot_us
+        wait = 0 if ripe else self._handover(deadline_us, slot_us)
         if window is not None:
             self._adopt_cap_us = min(self._adopt_cap_us, max(window // 2, 1))
             # Reads spaced out while owners kept up must not pass this slot's deadline.
             self._adopt_at_us = min(self._adopt_at_us, now + wait + window // 2)
-        self._foreign.append((now + wait, claim))
+        self._foreign.append((now + wait, job, slot_us, deadline_us))
 
     async def _read_ring(self) -> None:
         """Read the ring's members every heartbeat interval, and at most once a second
@@ -703,17 +711,22 @@ class AsyncScheduler:
             return
         if not self._may_adopt():
             return
-        ripe: list[SlotClaim] = []
+        ripe: list[tuple[int, str, int, int | None]] = []
         while self._foreign and self._foreign[0][0] <= now and len(ripe) < _ADOPT_BATCH:
-            ripe.append(self._foreign.popleft()[1])
+            ripe.append(self._foreign.popleft())
+        asked = [(job, slot) for _, job, slot, _ in ripe]
         try:
-            settled = await self.store.run(
-                self.ops.run_settled(self.options.namespace, [(c.job, c.slot_us) for c in ripe])
-            )
+            settled = await self.store.run(self.ops.run_settled(self.options.namespace, asked))
         except BaseException:
-            self._foreign.extendleft((now, c) for c in reversed(ripe))
+            self._foreign.extendleft(
+                (now, job, slot, slot_deadline) for _, job, slot, slot_deadline in reversed(ripe)
+            )
             raise
-        free = [c for c in ripe if (c.job, c.slot_us) not in settled]
+        free = [
+            claim_for(self._jobs[job].spec, slot, "schedule", deadline_us=slot_deadline)
+            for _, job, slot, slot_deadline in ripe
+            if (job, slot) not in settled and job in self._jobs
+        ]
         self._catching_up -= settled
         self._pending.extend(free)
         low, high = _ADOPT_EVERY_US
@@ -755,19 +768,15 @@ class AsyncScheduler:
                 extra={"action": "slot_missed", "job": spec.name, "count": count},
             )
 
-    def _collect(self, job: PlannedJob, plan: Plan) -> list[SlotClaim]:
+    def _collect(self, job: PlannedJob, plan: Plan) -> list[int]:
         """The job's slots to claim by ``plan``, its cursor moved past them (called once
         the plan's missed slots are recorded: a store error retries the lot)."""
         if not plan.ready:
             return []
-        spec = job.spec
         job.cursor_us = plan.ready[-1]
         # Caught-up slots run one after another, not "skipped while the previous runs".
-        self._catching_up.update((spec.name, slot) for slot in plan.caught_up)
-        return [
-            claim_for(spec, slot, "schedule", deadline_us=deadline(spec, slot))
-            for slot in plan.take
-        ]
+        self._catching_up.update((job.spec.name, slot) for slot in plan.caught_up)
+        return plan.take
 
     async def _claim(self) -> None:
         # A claim refused because another replica already has the slot frees its place in
@@ -868,7 +877,9 @@ class AsyncScheduler:
             ):
                 self._synced_us = None
         if any(
-            answer.status == "taken" and claim.deadline_us is not None and not self._shared(claim)
+            answer.status == "taken"
+            and claim.deadline_us is not None
+            and not self._shared(claim.job, claim.slot_us)
             for claim, answer in answers
         ):
             self._ring_stale = True  # another replica thinks this slot its own
