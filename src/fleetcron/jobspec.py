@@ -99,7 +99,7 @@ _REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _Choice = TypeVar("_Choice", bound=str)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CommandTarget:
     """A command run as an argv list, never through a shell."""
 
@@ -110,7 +110,7 @@ class CommandTarget:
         return {"kind": "command", "argv": list(self.argv)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallTarget:
     """A Python callable, known by its ``module:function`` reference."""
 
@@ -143,7 +143,7 @@ DEFAULT_RETENTION = Retention()
 """30 days, and at least the newest 100 runs of each job."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class JobSpec:
     """One validated job definition. Durations are integer microseconds."""
 

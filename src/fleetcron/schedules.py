@@ -221,7 +221,7 @@ class Schedule(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CronSchedule:
     """A 5-field cron expression in an IANA time zone (cronsim / Debian cron semantics)."""
 
@@ -308,7 +308,7 @@ class CronSchedule:
         return {"kind": "cron", "expression": self.expression, "timezone": self.timezone}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EverySchedule:
     """Every ``every_us`` microseconds, aligned to the Unix epoch.
 

@@ -33,7 +33,7 @@ LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = 
 MISSED_RECORD_LIMIT = 1_000  # missed slots recorded per job per pass (the newest)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PlannedJob:
     """A job as one replica plans it: ``cursor_us`` is its last slot collected (or the
     fleet's high-water mark at start); ``buffered`` the newest slot waiting for the running
