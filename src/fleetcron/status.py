@@ -3,7 +3,7 @@ from the store in one operation (so the sync and the async face share it), and i
 shape (``status --json`` and the dashboard's ``/api/status``).
 
 Reading costs one round trip for the job rows, one for the leases, one for the replicas
-and one per 200 selected jobs for their recent ledger rows.
+and one per 500 selected jobs for their recent ledger rows.
 
 The monitor's alert markers (lease rows named :data:`ALERT_MARKER_PREFIX`…, see
 :mod:`fleetcron.scheduling.monitor`) are bookkeeping, not locks: they come with the lease
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 HISTORY = 50  # ledger rows read per job: the last run, durations, starvation
-_LIST_BATCH = 200  # jobs whose ledger rows are read per round trip
+_LIST_BATCH = 500  # jobs whose ledger rows are read per round trip
 FINGERPRINT_SHOWN = 12  # hex digits of a jobs fingerprint shown to people
 ALERT_MARKER_PREFIX = "fleetcron:alert:"
 """The names of the monitor's alert markers begin with this (``fleetcron:alert:<job>``)."""

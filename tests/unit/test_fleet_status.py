@@ -189,7 +189,7 @@ class _Turns(AsyncMemoryStore):
 async def test_a_status_read_in_turns_is_the_same_read_split_into_operations() -> None:
     clock = FakeClock()
     store = MemoryStore(clock=clock)
-    names = [f"job-{index:04d}" for index in range(450)]
+    names = [f"job-{index:04d}" for index in range(1_000)]
     store.run(store.ops.job_register(NS, [(name, "{}", "f" * 32) for name in names]))
     slot = clock.wall_us() - 60 * S
     for name in names[::7]:
@@ -197,10 +197,10 @@ async def test_a_status_read_in_turns_is_the_same_read_split_into_operations() -
     _beat(store, 1)
     turns = _Turns(store)
 
-    whole = store.run(read_status(store.ops, NS, [*names[:300], "nobody"]))
-    split = await read_status_in_turns(turns, NS, [*names[:300], "nobody"])
+    whole = store.run(read_status(store.ops, NS, [*names[:700], "nobody"]))
+    split = await read_status_in_turns(turns, NS, [*names[:700], "nobody"])
 
     assert split == whole
-    assert turns.turns == 3  # the fleet's rows, then 200 + 100 jobs' ledger rows
+    assert turns.turns == 3  # the fleet's rows, then 500 + 200 jobs' ledger rows
     assert split.unknown_jobs == ("nobody",)
-    assert len(split.jobs) == 300
+    assert len(split.jobs) == 700
