@@ -133,26 +133,6 @@ def _result(cur: Any) -> SqlResult:
     return SqlResult(rows=rows, rowcount=cur.rowcount)
 
 
-def _results(cur: Any) -> list[SqlResult]:
-    """Every result set of an ``executemany(..., returning=True)``, in order."""
-    sets = [_result(cur)]
-    while cur.nextset():
-        sets.append(_result(cur))
-    return sets
-
-
-def _in_batch_order(
-    size: int, groups: Sequence[Sequence[int]], per_group: Sequence[Sequence[SqlResult]]
-) -> list[SqlResult]:
-    """The results of a batch sent as ``groups`` of indexes, put back in batch order."""
-    results: list[SqlResult | None] = [None] * size
-    for group, sets in zip(groups, per_group, strict=True):
-        for index, result in zip(group, sets, strict=True):
-            results[index] = result
-    assert all(result is not None for result in results)
-    return [result for result in results if result is not None]
-
-
 # A batch runs in one pipeline: one round trip. Without a Sync the server would run the
 # whole pipeline as one implicit transaction (every claimed job's rows locked until the
 # end, and deadlocks between replicas claiming in different orders); a BEGIN before and a
@@ -315,17 +295,15 @@ class PostgresStore(SqlSyncStore):
         groups = batch_transactions(batch)
         attempt = 0
         while True:
-            # One cursor and one executemany per transaction: the statement is converted
-            # once and each item's answer is a result set of that cursor (a cursor per
-            # item costs a third more client CPU).
-            cursors = [conn.cursor() for _ in groups]
+            cursors = [conn.cursor() for _ in batch]
             try:
                 with conn.cursor() as side, conn.pipeline():
-                    for cur, group in zip(cursors, groups, strict=True):
+                    for group in groups:
                         side.execute(_BEGIN)
-                        cur.executemany(sql, [batch[index] for index in group], returning=True)
+                        for index in group:
+                            cursors[index].execute(sql, batch[index])
                         side.execute(_COMMIT)
-                return _in_batch_order(len(batch), groups, [_results(cur) for cur in cursors])
+                return [_result(cur) for cur in cursors]
             except _RETRYABLE:
                 _end_failed_transaction(conn)
                 # One transaction refused as a whole changed nothing: send it again. With
@@ -465,26 +443,20 @@ class AsyncPostgresStore(AsyncSqlStore):
         groups = batch_transactions(batch)
         attempt = 0
         while True:
-            cursors = [conn.cursor() for _ in groups]  # as in the sync face
+            cursors = [conn.cursor() for _ in batch]
 
             async def work(cursors: list[Any] = cursors) -> list[SqlResult]:
                 async with conn.cursor() as side, conn.pipeline():
-                    for cur, group in zip(cursors, groups, strict=True):
+                    for group in groups:
                         await side.execute(_BEGIN)
-                        items = [batch[index] for index in group]
-                        await cur.executemany(sql, items, returning=True)
+                        for index in group:
+                            await cursors[index].execute(sql, batch[index])
                         await side.execute(_COMMIT)
-                per_group = []
+                results = []
                 for cur in cursors:
-                    sets = []
-                    while True:
-                        result = cur.pgresult
-                        rows = await cur.fetchall() if result is not None and result.nfields else []
-                        sets.append(SqlResult(rows=rows, rowcount=cur.rowcount))
-                        if not cur.nextset():
-                            break
-                    per_group.append(sets)
-                return _in_batch_order(len(batch), groups, per_group)
+                    rows = await cur.fetchall() if cur.description is not None else []
+                    results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
+                return results
 
             try:
                 return await self._bounded(conn, work, in_transaction=True)
