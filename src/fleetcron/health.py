@@ -159,15 +159,21 @@ class _Definition:
     timezone: str | None
 
 
-@functools.lru_cache(maxsize=1 << 17)
 def _parse(text: str) -> _Definition | None:
-    """A definition's text, parsed once for every watch that reads it unchanged (the
-    monitor assesses every job every pass); ``None`` when it cannot be read."""
+    """A definition's text as the rules read it; ``None`` when it cannot be read (not
+    remembered: a failure may be this host's, a time zone missing from its database)."""
     try:
-        definition = json.loads(text)
-        schedule = schedule_from_definition(definition["schedule"])
+        return _parsed(text)
     except (ValueError, KeyError, TypeError, ConfigurationError):
         return None
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _parsed(text: str) -> _Definition:
+    """Parsed once for every watch that reads it unchanged (the monitor assesses every job
+    every pass); raises when it cannot be read."""
+    definition = json.loads(text)
+    schedule = schedule_from_definition(definition["schedule"])
     return _Definition(
         schedule=schedule,
         grace_us=_int(definition.get("grace_us")),

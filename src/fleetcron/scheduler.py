@@ -222,8 +222,8 @@ class AsyncScheduler:
         )
         self._last_recovery = 0.0
         self._contended = False  # the last claims found slots other replicas had taken
-        # Slots other replicas own, with when each may be looked at (the store's clock).
-        # Other replicas' slots waiting for a look: (look at, job, slot, deadline). No
+        # Other replicas' slots waiting for a look: (look at, job, slot, deadline; the
+        # store's clock). No
         # claim is made for them (a run id each) unless one is adopted.
         self._foreign: deque[tuple[int, str, int, int | None]] = deque()
         self._adopt_every_us = _ADOPT_EVERY_US[0]
@@ -613,19 +613,19 @@ class AsyncScheduler:
         random.shuffle(due)
         await self._read_ring()
         try:
-            plans = [(job, plan_slots(job, now)) for job in due]
-            await self._record_missed(plans)
-            for job, plan in plans:
-                spec = job.spec
-                for slot in self._collect(job, plan):
-                    slot_deadline = deadline(spec, slot)
-                    if self._shared(spec.name, slot):
-                        # Collected after its delay already: ripe for adoption now.
-                        ripe = spec.name in later
-                        self._wait_for_owner(spec.name, slot, slot_deadline, now, ripe=ripe)
-                    else:
-                        claim = claim_for(spec, slot, "schedule", deadline_us=slot_deadline)
-                        self._pending.append(claim)
+            # Planned in groups of about _RECORD_BATCH missed slots: after a long outage a
+            # group's plans, not every job's, are held at once, and each group's missed
+            # slots are recorded in one round trip before its jobs move on.
+            group: list[tuple[PlannedJob, Plan]] = []
+            noted = 0
+            for job in due:
+                plan = plan_slots(job, now)
+                group.append((job, plan))
+                noted += min(len(plan.missed), _MISSED_RECORD_LIMIT)
+                if noted >= _RECORD_BATCH:
+                    await self._take(group, now, later)
+                    group, noted = [], 0
+            await self._take(group, now, later)
         finally:
             # Every popped job goes back in the heap, collected or not (a store error
             # leaves its cursor where it was: the next tick collects it again).
@@ -639,6 +639,24 @@ class AsyncScheduler:
             self._pending.extend(await self.recovery.poll(known))
         await self._adopt(now)
         await self._claim()
+
+    async def _take(
+        self, plans: Sequence[tuple[PlannedJob, Plan]], now: int, later: set[str]
+    ) -> None:
+        """Record the missed slots of ``plans``, then queue their slots: this replica's to
+        claim, another replica's to look at after its hand-over delay (at once for the
+        ``later`` jobs, collected after that delay already)."""
+        await self._record_missed(plans)
+        for job, plan in plans:
+            spec = job.spec
+            for slot in self._collect(job, plan):
+                slot_deadline = deadline(spec, slot)
+                if self._shared(spec.name, slot):
+                    ripe = spec.name in later
+                    self._wait_for_owner(spec.name, slot, slot_deadline, now, ripe=ripe)
+                else:
+                    claim = claim_for(spec, slot, "schedule", deadline_us=slot_deadline)
+                    self._pending.append(claim)
 
     def _shared(self, job: str, slot_us: int) -> bool:
         """Whether the slot is one another replica owns (claim mode only)."""

@@ -136,7 +136,7 @@ def read_status(
     healths: list[JobHealth] = []
     for chunk in fleet.chunks():
         ledgers = yield from ops.run_list_many(namespace, [row.job for row in chunk], history)
-        healths += map(assess, chunk, ledgers)
+        healths += (assess(row, runs) for row, runs in zip(chunk, ledgers, strict=True))
     return fleet.status(healths)
 
 
@@ -156,7 +156,7 @@ async def read_status_in_turns(
     for chunk in fleet.chunks():
         names = [row.job for row in chunk]
         ledgers = await store.run(store.ops.run_list_many(namespace, names, history))
-        healths += map(assess, chunk, ledgers)
+        healths += (assess(row, runs) for row, runs in zip(chunk, ledgers, strict=True))
     return fleet.status(healths)
 
 

@@ -1385,6 +1385,7 @@ def test_run_list_many_answers_each_job_as_run_list_would_in_input_order(ledger:
     assert [stored(r) for r in many(["a"], 10)[0]] == [stored(r) for r in ledger.runs("a")]
     assert stored(answers[0][0]) == stored(ledger.must_get("c", s3))
     assert many([], 5) == []
+    assert many(["a", "b"], 0) == [[], []]
 
 
 def test_run_prune_keeps_the_newest_final_rows_per_job_and_every_running_row(

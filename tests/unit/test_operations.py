@@ -434,3 +434,53 @@ def test_every_backend_implements_every_operation() -> None:
         assert isinstance(ops, Operations), type(ops).__name__
         missing = [name for name in names if not callable(getattr(ops, name, None))]
         assert not missing, (type(ops).__name__, missing)
+
+
+def _due_row(job: str, slot: int) -> tuple[Any, ...]:
+    return (
+        job,
+        slot,
+        "queued",
+        0,
+        0,
+        "",
+        "",
+        "manual",
+        None,
+        None,
+        None,
+        None,
+        False,
+        None,
+        None,
+        None,
+        5_000,
+    )
+
+
+def test_sql_run_due_names_the_jobs_only_when_a_full_page_holds_others() -> None:
+    ledger = SqlLedger()
+    # Not a full page: the namespace's rows, the others' dropped, no names sent.
+    execute = FakeExecute(rows(_due_row("mine", 1), _due_row("other", 2)))
+    due = drive(ledger.run_due("ns", 3, ["mine"]), execute)
+    assert [(r.job, r.slot_us) for r in due] == [("mine", 1)]
+    assert execute.statements == [Query("run_due", {"namespace": "ns", "limit": 3, "jobs": None})]
+    # A full page of our own rows: the answer as it is.
+    execute = FakeExecute(rows(_due_row("mine", 1), _due_row("mine", 2)))
+    due = drive(ledger.run_due("ns", 2, ["mine"]), execute)
+    assert [(r.job, r.slot_us) for r in due] == [("mine", 1), ("mine", 2)]
+    assert len(execute.statements) == 1
+    # A full page holding others' rows may hide ours: asked again with the names.
+    execute = FakeExecute(
+        rows(_due_row("other", 1), _due_row("mine", 2)),
+        rows(_due_row("mine", 2), _due_row("mine", 3)),
+    )
+    due = drive(ledger.run_due("ns", 2, ["mine"]), execute)
+    assert [(r.job, r.slot_us) for r in due] == [("mine", 2), ("mine", 3)]
+    assert execute.statements[0] == Query("run_due", {"namespace": "ns", "limit": 2, "jobs": None})
+    assert execute.statements[1] == Query(
+        "run_due", {"namespace": "ns", "limit": 2, "jobs": '["mine"]'}
+    )
+    # No jobs named: one query, every row.
+    execute = FakeExecute(rows(_due_row("other", 1)))
+    assert [r.job for r in drive(ledger.run_due("ns", 2, None), execute)] == ["other"]

@@ -28,7 +28,6 @@ from fleetcron.jobspec import JobSpec, job_spec
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions, StoreOutage
 from fleetcron.scheduling import planning
-from fleetcron.scheduling.recovery import DUE_LIMIT, Recovery
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from unit.fakes import Recorded
@@ -298,39 +297,6 @@ async def test_a_replica_recovers_its_own_due_rows_behind_many_of_jobs_it_does_n
     assert row is not None
     assert (row.state, row.trigger) == ("succeeded", "manual")
     assert all(r.state == "queued" for r in ledger(store, "removed"))
-
-
-class DueAsked(AsyncMemoryStore):
-    """An async store that notes the ``jobs`` each ``run_due`` was asked for."""
-
-    asked: list[Any] = []  # noqa: RUF012 - set per instance below
-
-    async def run(self, operation: Any) -> Any:
-        if getattr(operation, "__name__", "") == "run_due":
-            self.asked.append(operation.gi_frame.f_locals["jobs"])
-        return await super().run(operation)
-
-
-async def test_the_recovery_poll_names_its_jobs_only_when_a_full_page_holds_others() -> None:
-    store = MemoryStore()
-    now = store.clock.wall_us()
-    due = DueAsked(store)
-    due.asked = []
-    recovery = Recovery(due, NS, {"daily": spec("daily", lambda ctx: None, every="1h")})
-    ours = now - 60_000_000
-    store.run(store.ops.run_record(NS, "daily", ours, "queued", None, "manual"))
-    store.run(store.ops.run_record(NS, "removed", ours, "queued", None, "manual"))
-
-    assert [(c.job, c.slot_us) for c in await recovery.poll(set())] == [("daily", ours)]
-    assert due.asked == [None]  # one page, not full: no list of names sent
-
-    for k in range(DUE_LIMIT):
-        slot = now - 3_600_000_000 + k * 1_000_000
-        store.run(store.ops.run_record(NS, "removed", slot, "queued", None, "manual"))
-    due.asked = []
-
-    assert [(c.job, c.slot_us) for c in await recovery.poll(set())] == [("daily", ours)]
-    assert due.asked == [None, ["daily"]]
 
 
 async def test_a_paused_job_is_not_run_and_its_slots_are_recorded_as_skipped() -> None:
@@ -619,6 +585,65 @@ async def test_registration_writes_every_batch_when_nobody_else_registers() -> N
     assert counting.calls["job_register"] == 3
     assert counting.calls["job_list"] == 1
     assert sorted(scheduler._jobs) == names
+
+
+async def test_a_pass_records_the_missed_slots_of_its_jobs_in_groups_of_about_a_batch() -> None:
+    store = MemoryStore()
+    counting = Counting(store)
+    names = [f"job-{index:04d}" for index in range(300)]  # 4-5 missed slots each
+    jobs = [spec(name, lambda ctx: None, every="1s", catchup="skip") for name in names]
+    scheduler = AsyncScheduler(counting, jobs, SchedulerOptions(namespace=NS))
+    now = store.clock.wall_us()
+    for name in names:
+        scheduler._jobs[name] = planning.PlannedJob(
+            spec=scheduler.specs[name], cursor_us=now - 10_000_000
+        )
+        scheduler._due.push(scheduler._jobs[name])
+
+    await scheduler._tick(0.0)
+
+    assert counting.calls["run_record_many"] == 2  # ~1,000 slots, then the rest
+    assert all(sum(r.state == "missed" for r in ledger(store, name)) >= 4 for name in names), (
+        "every job's late slots recorded"
+    )
+    assert all(job.cursor_us >= now - 1_000_000 for job in scheduler._jobs.values())
+
+
+async def test_another_replicas_slot_still_free_is_adopted_and_one_it_ran_is_dropped() -> None:
+    store = MemoryStore()
+    now = store.clock.wall_us()
+    slot = now - 1_000_000
+    failing = FailingOn(store)
+    jobs = [spec(name, lambda ctx: None, every="1h") for name in ("a", "b", "gone")]
+    scheduler = AsyncScheduler(failing, jobs, SchedulerOptions(namespace=NS))
+    for job in jobs:
+        scheduler._jobs[job.name] = planning.PlannedJob(spec=job, cursor_us=slot)
+    [ran] = store.run(store.ops.run_claim(NS, [_claim("b", slot)], "owner", 60_000_000))
+    assert ran.run is not None  # b's owner has it
+    for name in ("a", "b", "gone"):
+        scheduler._wait_for_owner(name, slot, slot + 10_000_000, now, ripe=True)
+    del scheduler._jobs["gone"]  # removed by a reload meanwhile
+    scheduler._adopt_at_us = 0
+
+    failing.failing = {"run_settled"}
+    with pytest.raises(StoreUnavailable):
+        await scheduler._adopt(now)
+    # Nothing is lost when the look fails: the slots wait for the next one.
+    assert [(job, at) for _, job, at, _ in scheduler._foreign] == [
+        ("a", slot),
+        ("b", slot),
+        ("gone", slot),
+    ]
+    assert not scheduler._pending
+
+    failing.failing = set()
+    await scheduler._adopt(now)
+
+    [adopted] = scheduler._pending
+    assert (adopted.job, adopted.slot_us, adopted.trigger) == ("a", slot, "schedule")
+    assert adopted.deadline_us == slot + 10_000_000
+    assert len(adopted.run_id) == 36  # a run id of its own, made when adopted
+    assert not scheduler._foreign
 
 
 async def test_won_claims_start_even_when_recording_a_refusal_fails() -> None:

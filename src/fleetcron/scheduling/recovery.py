@@ -5,9 +5,8 @@
 - an attempt whose holder vanished (``running`` with an expired lease);
 - a ``queued`` run asked for by ``fleetcron trigger`` or ``backfill``.
 
-Replicas poll the ledger every :data:`RECOVERY_EVERY_S` and keep the rows of their own
-jobs; when a page comes back full with rows of jobs a replica does not define, it asks
-again for its own jobs only, so those rows never fill its limit and starve its own.
+Replicas poll the ledger every :data:`RECOVERY_EVERY_S` for their own jobs only, so rows of
+jobs a replica does not define never fill its limit and starve its own.
 """
 
 from __future__ import annotations
@@ -52,14 +51,9 @@ class Recovery:
     async def poll(self, known: Collection[tuple[str, int]]) -> list[SlotClaim]:
         """Rows the ledger says are due again, oldest first, except the ``known`` slots
         (waiting, running or retried here already)."""
-        ops = self.store.ops
-        # Usually nothing is due: ask for the namespace's rows without naming this
-        # replica's jobs (a list of thousands of names to send and unpack every poll).
-        # Only a full page holding rows of jobs this replica does not define could hide
-        # some of its own: then ask again for its own jobs only.
-        rows = await self.store.run(ops.run_due(self.namespace, DUE_LIMIT, None))
-        if len(rows) >= DUE_LIMIT and any(row.job not in self.specs for row in rows):
-            rows = await self.store.run(ops.run_due(self.namespace, DUE_LIMIT, list(self.specs)))
+        rows = await self.store.run(
+            self.store.ops.run_due(self.namespace, DUE_LIMIT, list(self.specs))
+        )
         claims = []
         for row in rows:
             spec = self.specs.get(row.job)

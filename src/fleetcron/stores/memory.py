@@ -337,6 +337,8 @@ class _MemoryLedger:
         self, namespace: str, jobs: Sequence[str], limit: int
     ) -> Operation[list[list[RunRecord]]]:
         def step(state: _State, now: int) -> list[list[RunRecord]]:
+            if limit <= 0:
+                return [[] for _ in jobs]
             by_job: dict[str, list[RunRecord]] = {job: [] for job in jobs}
             for (ns, name, _), run in state.runs.items():
                 if ns == namespace and name in by_job:

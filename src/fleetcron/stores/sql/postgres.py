@@ -151,8 +151,8 @@ class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
     ) -> Operation[list[list[RunRecord]]]:
         # One statement (a lateral index scan per job), not a pipeline of one per job: a
         # status read of thousands of jobs is one result to fetch, not thousands.
-        if not jobs:
-            return []
+        if not jobs or limit <= 0:
+            return [[] for _ in jobs]
         result: SqlResult = yield Query(
             "run_list_many",
             {"namespace": namespace, "jobs": json.dumps(list(jobs)), "limit": limit},
