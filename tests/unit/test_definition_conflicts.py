@@ -300,9 +300,14 @@ def test_the_sync_scheduler_shows_the_conflicts_of_its_running_core() -> None:
     assert scheduler.conflicts == {}
     scheduler.start()
     try:
-        register(store, "fp-of-a-newer-replica")
         give_up = time.monotonic() + 30
         waiting = threading.Event()
+        # The newer definition must come after this replica registered its own: written
+        # before, it would be replaced by this replica's (which then governs).
+        while store.run(store.ops.job_get(NS, JOB)) is None:
+            assert time.monotonic() < give_up, "the replica never registered its job"
+            waiting.wait(0.01)
+        register(store, "fp-of-a-newer-replica")
         while JOB not in scheduler.conflicts:
             assert time.monotonic() < give_up, "the conflict was never reported"
             waiting.wait(0.01)
