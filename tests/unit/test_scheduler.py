@@ -514,11 +514,11 @@ class Counting(AsyncMemoryStore):
         return await super().run(operation)
 
 
-async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round_trip() -> None:
-    store = MemoryStore()
-    counting = Counting(store)
-    names = [f"job-{index}" for index in range(150)]
-    # catchup = skip, each cursor 10 s back: every job has slots past the late tolerance.
+def _ten_seconds_behind(
+    counting: Counting, store: MemoryStore, names: list[str]
+) -> tuple[AsyncScheduler, int]:
+    """A scheduler of ``names`` (every 1 s, catchup = skip) whose cursors are 10 s back:
+    each job has slots past the late tolerance. Returns it and the store's now."""
     jobs = [spec(name, lambda ctx: None, every="1s", catchup="skip") for name in names]
     scheduler = AsyncScheduler(counting, jobs, SchedulerOptions(namespace=NS))
     now = store.clock.wall_us()
@@ -527,6 +527,14 @@ async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round
             spec=scheduler.specs[name], cursor_us=now - 10_000_000
         )
         scheduler._due.push(scheduler._jobs[name])
+    return scheduler, now
+
+
+async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round_trip() -> None:
+    store = MemoryStore()
+    counting = Counting(store)
+    names = [f"job-{index}" for index in range(150)]
+    scheduler, _ = _ten_seconds_behind(counting, store, names)
 
     await scheduler._tick(0.0)
 
@@ -591,14 +599,7 @@ async def test_a_pass_records_the_missed_slots_of_its_jobs_in_groups_of_about_a_
     store = MemoryStore()
     counting = Counting(store)
     names = [f"job-{index:04d}" for index in range(300)]  # 4-5 missed slots each
-    jobs = [spec(name, lambda ctx: None, every="1s", catchup="skip") for name in names]
-    scheduler = AsyncScheduler(counting, jobs, SchedulerOptions(namespace=NS))
-    now = store.clock.wall_us()
-    for name in names:
-        scheduler._jobs[name] = planning.PlannedJob(
-            spec=scheduler.specs[name], cursor_us=now - 10_000_000
-        )
-        scheduler._due.push(scheduler._jobs[name])
+    scheduler, now = _ten_seconds_behind(counting, store, names)
 
     await scheduler._tick(0.0)
 

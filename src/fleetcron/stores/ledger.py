@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fleetcron.models import JobRecord, LeaseRecord, RunOutcome, RunRecord, SlotClaim
+from fleetcron.models import JobRecord, LeaseRecord, RunNote, RunOutcome, RunRecord, SlotClaim
 
 __all__ = [
     "LOST_ERROR",
@@ -21,6 +21,7 @@ __all__ = [
     "decide_extend",
     "decide_finish",
     "new_job",
+    "noted_run",
     "recorded_run",
 ]
 
@@ -89,6 +90,19 @@ def recorded_run(
         error=error,
         output=None,
         now_us=now,
+    )
+
+
+def noted_run(namespace: str, note: RunNote, now: int) -> RunRecord:
+    """:func:`recorded_run` of one item of ``run_record_many``."""
+    return recorded_run(
+        namespace=namespace,
+        job=note.job,
+        slot_us=note.slot_us,
+        state=note.state,
+        error=note.error,
+        trigger=note.trigger,
+        now=now,
     )
 
 

@@ -41,7 +41,7 @@ from fleetcron.stores.ledger import (
     decide_extend,
     decide_finish,
     new_job,
-    recorded_run,
+    noted_run,
 )
 from fleetcron.stores.memory_queue import MemoryQueue, QueueTables
 from fleetcron.stores.statements import Step
@@ -599,15 +599,7 @@ def _record(state: _State, namespace: str, note: RunNote, now: int) -> bool:
     key = (namespace, note.job, note.slot_us)
     if key in state.runs or note.slot_us > now:  # never a row for a slot not yet due
         return False
-    state.runs[key] = recorded_run(
-        namespace=namespace,
-        job=note.job,
-        slot_us=note.slot_us,
-        state=note.state,
-        error=note.error,
-        trigger=note.trigger,
-        now=now,
-    )
+    state.runs[key] = noted_run(namespace, note, now)
     if note.state != "queued":  # a manual run is not schedule progress
         _raise_high_water(state, namespace, note.job, note.slot_us, now)
     return True

@@ -38,7 +38,7 @@ from fleetcron.stores.ledger import (
     decide_extend,
     decide_finish,
     new_job,
-    recorded_run,
+    noted_run,
 )
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import (
@@ -232,17 +232,7 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         existing = yield from self._run(namespace, note.job, note.slot_us, now)
         if existing is not None:
             return False
-        yield self._put_run(
-            recorded_run(
-                namespace=namespace,
-                job=note.job,
-                slot_us=note.slot_us,
-                state=note.state,
-                error=note.error,
-                trigger=note.trigger,
-                now=now,
-            )
-        )
+        yield self._put_run(noted_run(namespace, note, now))
         if note.state != "queued":  # a manual run is not schedule progress
             yield from self._raise_high_water(namespace, note.job, note.slot_us, now)
         return True
