@@ -157,13 +157,17 @@ UPDATE fleetcron_run AS r SET cancel_requested = true
    AND r.state = 'running' AND r.expires_us > now.us;
 
 -- name: run_settled
--- Which [job, slot_us] pairs of the JSON array have a row other than queued.
+-- Which [job, slot_us] pairs of the JSON array have a row other than queued. One primary
+-- key lookup per pair, forced by the LATERAL reference (the LIMIT keeps the planner from
+-- flattening it into a join): as a plain join, the generic plan of the prepared statement
+-- hashed the pairs and read every row of the namespace (9 ms a call at 20,000 rows).
 SELECT r.job, r.slot_us
   FROM jsonb_array_elements(%(pairs)s::jsonb) AS k(pair)
-  JOIN fleetcron_run AS r
-    ON r.namespace = %(namespace)s AND r.job = k.pair->>0
-   AND r.slot_us = (k.pair->>1)::bigint
- WHERE r.state <> 'queued';
+ CROSS JOIN LATERAL (
+       SELECT r.job, r.slot_us FROM fleetcron_run AS r
+        WHERE r.namespace = %(namespace)s AND r.job = k.pair->>0
+          AND r.slot_us = (k.pair->>1)::bigint AND r.state <> 'queued'
+        LIMIT 1) AS r;
 
 -- name: run_get
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
