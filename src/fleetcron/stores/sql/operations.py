@@ -150,6 +150,17 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
     }
 
 
+def claim_answer(namespace: str, claim: SlotClaim, row: Sequence[object]) -> ClaimResult:
+    """The answer to ``claim`` from its row: (status, 17 run columns… or NULLs, the
+    registered fingerprint when the status is conflict)."""
+    status = as_text(row[0])
+    run = rows_to_runs(namespace, [tuple(row[1:])])[0] if status == "claimed" else None
+    stored = as_text(row[18]) if status == "conflict" else None
+    return ClaimResult(
+        job=claim.job, slot_us=claim.slot_us, status=status, run=run, stored_fingerprint=stored
+    )
+
+
 def _note_params(namespace: str, note: RunNote) -> dict[str, object]:
     return {
         "namespace": namespace,
@@ -236,22 +247,9 @@ class SqlLedger:
         batch = tuple(claim_params(namespace, claim, holder, ttl_us) for claim in claims)
         results: list[SqlResult] = yield QueryBatch("run_claim", batch)
         answers: list[ClaimResult] = []
-        # Each claim answers exactly one row: (status, 17 run columns… or NULLs, the
-        # registered fingerprint when the status is conflict).
         for claim, result in zip(claims, results, strict=True):
             (row,) = result.rows
-            status = as_text(row[0])
-            run = rows_to_runs(namespace, [row[1:]])[0] if status == "claimed" else None
-            stored = as_text(row[18]) if status == "conflict" else None
-            answers.append(
-                ClaimResult(
-                    job=claim.job,
-                    slot_us=claim.slot_us,
-                    status=status,
-                    run=run,
-                    stored_fingerprint=stored,
-                )
-            )
+            answers.append(claim_answer(namespace, claim, row))
         return answers
 
     def run_extend(

@@ -25,10 +25,16 @@ from fleetcron.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fleetcron.models import RunRecord
+from fleetcron.models import ClaimResult, RunFinish, RunRecord, SlotClaim
 from fleetcron.stores.base import Capability, Operation, SqlResult, connect_error, rows_to_runs
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
-from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
+from fleetcron.stores.sql.operations import (
+    SqlLedger,
+    SqlOperations,
+    claim_answer,
+    claim_params,
+    finish_params,
+)
 from fleetcron.stores.sql.queue import SqlQueue
 from fleetcron.stores.sql.runner import (
     AsyncSqlStore,
@@ -38,7 +44,7 @@ from fleetcron.stores.sql.runner import (
     timed_out,
 )
 from fleetcron.stores.sql.watchdog import Deadline, deadline
-from fleetcron.stores.statements import Query
+from fleetcron.stores.statements import Query, QueryBatch
 from fleetcron.stores.url import StoreURL
 
 __all__ = [
@@ -60,6 +66,10 @@ R = TypeVar("R")
 # refused under a stricter default isolation (SQLSTATE 40001/40P01) is sent again — it
 # changed nothing, being its own transaction.
 _IDLE = TransactionStatus.IDLE
+# Read once per connection: where the server's default is READ COMMITTED (almost always),
+# a batch of one transaction is sent as one autocommit statement, without the BEGIN and
+# COMMIT around it (each a statement of its own for the server and the driver).
+_DEFAULT_ISOLATION = "SHOW default_transaction_isolation"
 _RETRIES = 8  # tries of a single statement refused by serialization or a deadlock
 
 
@@ -143,8 +153,97 @@ _COMMIT = "COMMIT"
 _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
 
 
+# The fields of one item of a batch call, in the order of its JSON array
+# (fleetcron_run_claim_many_v1, fleetcron_run_finish_many_v1), named as in the parameters
+# of a single claim or outcome.
+_CLAIM_FIELDS = (
+    "job",
+    "lease_name",
+    "slot_us",
+    "run_id",
+    "exclusive",
+    "max_attempts",
+    "trigger",
+    "least_us",
+    "deadline_us",
+    "progress",
+    "pausable",
+    "fingerprint",
+)
+_CLAIM_SHARED = ("namespace", "holder", "ttl_us", "lost_error", "missed_error")
+_FINISH_FIELDS = (
+    "job",
+    "lease_name",
+    "slot_us",
+    "fence",
+    "state",
+    "exit_code",
+    "error",
+    "output",
+    "retry_after_us",
+)
+
+
+def _calls(
+    batch: Sequence[Mapping[str, object]], fields: Sequence[str], shared: Sequence[str]
+) -> list[tuple[list[int], dict[str, object]]]:
+    """A batch of per-item parameters as one call per transaction of
+    :func:`batch_transactions` (usually one): the ``shared`` parameters, and ``items``, a
+    JSON array of each item's ``fields`` in job order — the lock order. With the indexes
+    of the items each call decides, in its order."""
+    calls = []
+    for group in batch_transactions(batch):
+        params: dict[str, object] = {name: batch[group[0]][name] for name in shared}
+        params["items"] = json.dumps([[batch[index][name] for name in fields] for index in group])
+        calls.append((group, params))
+    return calls
+
+
+def _by_item(
+    count: int, calls: list[tuple[list[int], dict[str, object]]], results: Sequence[SqlResult]
+) -> list[tuple[Any, ...]]:
+    """The answer row of every item, in input order, from the rows of each call (their
+    first column: the item's position in the call, from 1)."""
+    rows: list[tuple[Any, ...] | None] = [None] * count
+    for (group, _), result in zip(calls, results, strict=True):
+        for row in result.rows:
+            rows[group[int(row[0]) - 1]] = tuple(row[1:])
+    if any(row is None for row in rows):
+        raise StoreError("the store answered a batch with fewer rows than it has items")
+    return rows  # type: ignore[return-value]
+
+
 class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
     """Lease, run-ledger, work-queue and checkpoint operations of PostgreSQL."""
+
+    def run_claim(
+        self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
+    ) -> Operation[list[ClaimResult]]:
+        # One call per transaction, its claims in a JSON array (fleetcron_run_claim_many_v1): a
+        # statement per claim costs the replica and the server more than the claim.
+        if len(claims) < 2:
+            return (yield from super().run_claim(namespace, claims, holder, ttl_us))
+        batch = [claim_params(namespace, claim, holder, ttl_us) for claim in claims]
+        calls = _calls(batch, _CLAIM_FIELDS, _CLAIM_SHARED)
+        results: list[SqlResult] = yield QueryBatch(
+            "run_claim_many", tuple(params for _, params in calls)
+        )
+        rows = _by_item(len(claims), calls, results)
+        return [
+            claim_answer(namespace, claim, row) for claim, row in zip(claims, rows, strict=True)
+        ]
+
+    def run_finish_many(
+        self, namespace: str, finishes: Sequence[RunFinish]
+    ) -> Operation[list[bool]]:
+        if len(finishes) < 2:
+            return (yield from super().run_finish_many(namespace, finishes))
+        batch = [finish_params(namespace, finish) for finish in finishes]
+        calls = _calls(batch, _FINISH_FIELDS, ("namespace",))
+        results: list[SqlResult] = yield QueryBatch(
+            "run_finish_many", tuple(params for _, params in calls)
+        )
+        return [bool(row[0]) for row in _by_item(len(finishes), calls, results)]
 
     def run_list_many(
         self, namespace: str, jobs: Sequence[str], limit: int
@@ -248,13 +347,21 @@ class PostgresStore(SqlSyncStore):
     def __init__(self, url: StoreURL, *, auto_migrate: bool = True) -> None:
         check_conninfo(url)
         self._cursor: Any = None
+        self._read_committed = False  # the connection's default isolation
         super().__init__(url, auto_migrate=auto_migrate)
 
     def _operations(self) -> PostgresOperations:
         return PostgresOperations()
 
     def _connect(self) -> Any:
-        return psycopg.connect(self._url.driver_url, **_connect_kwargs(self._url))
+        conn = psycopg.connect(self._url.driver_url, **_connect_kwargs(self._url))
+        try:
+            row = conn.execute(_DEFAULT_ISOLATION, prepare=False).fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        self._read_committed = row is not None and row[0] == "read committed"
+        return conn
 
     def _guarded(self, work: Callable[[Any], R]) -> R:
         def bounded(conn: Any) -> R:
@@ -293,6 +400,8 @@ class PostgresStore(SqlSyncStore):
         self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
     ) -> list[SqlResult]:
         groups = batch_transactions(batch)
+        if len(batch) == 1 and self._read_committed:
+            return [self._execute(conn, sql, batch[0])]  # its own READ COMMITTED transaction
         attempt = 0
         while True:
             cursors = [conn.cursor() for _ in batch]
@@ -375,15 +484,26 @@ class AsyncPostgresStore(AsyncSqlStore):
 
     def __init__(self, url: StoreURL) -> None:
         check_conninfo(url)
+        self._read_committed = False  # the connection's default isolation
         super().__init__(url, PostgresOperations())
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         try:
-            return await psycopg.AsyncConnection.connect(
+            conn = await psycopg.AsyncConnection.connect(
                 self._url.driver_url, **_connect_kwargs(self._url)
             )
         except psycopg.Error as exc:
             raise connect_error(self.url, translate(exc)) from exc
+        try:
+            row = await (await conn.execute(_DEFAULT_ISOLATION, prepare=False)).fetchone()
+        except psycopg.Error as exc:
+            await self._close(conn)
+            raise connect_error(self.url, translate(exc)) from exc
+        except BaseException:
+            await self._close(conn)
+            raise
+        self._read_committed = row is not None and row[0] == "read committed"
+        return conn
 
     async def _close(self, conn: Any) -> None:
         with contextlib.suppress(psycopg.Error):
@@ -440,6 +560,9 @@ class AsyncPostgresStore(AsyncSqlStore):
         self, sql: str, batch: Sequence[Mapping[str, object]]
     ) -> list[SqlResult]:
         conn = await self._connection()
+        if len(batch) == 1 and self._read_committed:
+            # Its own READ COMMITTED transaction, as one statement.
+            return [await self._bounded(conn, lambda: self._execute_on(conn, sql, dict(batch[0])))]
         groups = batch_transactions(batch)
         attempt = 0
         while True:

@@ -111,6 +111,14 @@ SELECT * FROM fleetcron_run_claim_v4(
     %(lost_error)s::text, %(deadline_us)s::bigint, %(missed_error)s::text,
     %(progress)s::boolean, %(pausable)s::boolean, %(fingerprint)s::text);
 
+-- name: run_claim_many
+-- The claims of one transaction of a batch in one call, as a JSON array in job order
+-- (migration 14): one row per claim, its position in the array first, then the row of
+-- run_claim.
+SELECT * FROM fleetcron_run_claim_many_v1(
+    %(namespace)s::text, %(holder)s::text, %(ttl_us)s::bigint, %(lost_error)s::text,
+    %(missed_error)s::text, %(items)s::jsonb);
+
 -- name: run_extend
 SELECT * FROM fleetcron_run_extend(
     %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
@@ -121,6 +129,11 @@ SELECT fleetcron_run_finish(
     %(namespace)s::text, %(job)s::text, %(lease_name)s::text, %(slot_us)s::bigint,
     %(fence)s::bigint, %(state)s::text, %(exit_code)s::integer, %(error)s::text,
     %(output)s::text, %(retry_after_us)s::bigint);
+
+-- name: run_finish_many
+-- The outcomes of one transaction of a batch in one call, as a JSON array in job order
+-- (migration 14): one row per outcome, its position in the array and whether it was taken.
+SELECT * FROM fleetcron_run_finish_many_v1(%(namespace)s::text, %(items)s::jsonb);
 
 -- name: run_record
 -- Insert a final row only where the slot has none (never overwrites); the job row's
