@@ -225,9 +225,45 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _postmaster_pid(url: str) -> int | None:
+    """The pid of the local PostgreSQL server behind ``url`` (the parent of a backend),
+    or ``None`` when it cannot be read on this host."""
+    try:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            # Read while the backend lives: it exits with the connection.
+            stat = Path(f"/proc/{int(row[0])}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(stat[1])  # ppid
+    except Exception:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def server_of(backend: str, url: str) -> str:
+    """What :func:`server_cpu_s` reads for this run: the PostgreSQL URL itself (its own
+    server, whatever other clusters run on the host), else the backend's name."""
+    return url if url.startswith(("postgresql://", "postgres://")) else backend
+
+
 def server_cpu_s(backend: str) -> float | None:
     """CPU seconds of every process of the store server (all PostgreSQL backends, the
-    MariaDB or Redis server), or ``None`` when the store runs in the replicas (SQLite)."""
+    MariaDB or Redis server), or ``None`` when the store runs in the replicas (SQLite).
+    ``backend`` is a name of :data:`BACKENDS` or a PostgreSQL URL (a local server on
+    any port: its postmaster and every process it started)."""
+    if backend.startswith(("postgresql://", "postgres://")):
+        postmaster = _postmaster_pid(backend)
+        if postmaster is None:
+            return None
+        return sum(proc_cpu_s(pid) for pid in (postmaster, *_children(postmaster)))
     names = SERVER_PROCESSES.get(backend)
     if names is None:
         return None
@@ -323,6 +359,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "--concurrency", str(args.concurrency),
                 "--ready-file", str(ready[i]),
                 "--report-file", str(reports[i]),
+                *(["--profile", str(args.profile)] if args.profile else []),
             ]  # fmt: skip
             procs.append(subprocess.Popen(cmd, cwd=ROOT))
         deadline = time.time() + args.startup_timeout
@@ -336,7 +373,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         window["wall_start"] = time.time()
         window["start_us"] = store_call(url, lambda ops: ops.store_now())
         window["client_cpu_start"] = sum(proc_cpu_s(p.pid) for p in procs)
-        window["server_cpu_start"] = server_cpu_s(args.backend) or 0.0
+        window["server_cpu_start"] = server_cpu_s(server_of(args.backend, url))
         print(
             f"{args.replicas} replicas ready after {window['startup_s']:.1f} s;"
             f" measuring {args.duration} s",
@@ -344,7 +381,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         time.sleep(args.duration)
         window["client_cpu_end"] = sum(proc_cpu_s(p.pid) for p in procs)
-        window["server_cpu_end"] = server_cpu_s(args.backend) or 0.0
+        window["server_cpu_end"] = server_cpu_s(server_of(args.backend, url))
         window["rss_mb"] = [rss_mb(p.pid) or 0.0 for p in procs]
         window["end_us"] = store_call(url, lambda ops: ops.store_now())
         window["wall_end"] = time.time()
@@ -500,11 +537,8 @@ def resources(
     """CPU of the replicas and of the store server over the window, per run; memory per
     replica at the window's end; where start-up time went (slowest replica)."""
     client = window["client_cpu_end"] - window["client_cpu_start"]
-    server = (
-        None
-        if server_cpu_s(args.backend) is None
-        else window["server_cpu_end"] - window["server_cpu_start"]
-    )
+    start, end = window["server_cpu_start"], window["server_cpu_end"]
+    server = None if start is None or end is None else end - start
     rss = [mb for mb in window["rss_mb"] if mb]
     return {
         "client_cpu_s": client,
@@ -610,6 +644,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="do not prune the ledger rows")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     # replica side (internal)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="a folder: each replica writes a cProfile of its event loop's CPU time there",
+    )
     parser.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
@@ -621,7 +660,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replica:
-        asyncio.run(replica_main(args))
+        if args.profile is None:
+            asyncio.run(replica_main(args))
+            return 0
+        import cProfile
+
+        # The CPU time of the event loop's thread (where the scheduling runs), not the
+        # wall clock: on a loaded machine a process waits for a core at every wake-up of
+        # the server, which a sampling profiler counts where it happened.
+        profile = cProfile.Profile(time.thread_time)
+        profile.runcall(asyncio.run, replica_main(args))
+        profile.dump_stats(str(Path(args.profile) / f"replica-{os.getpid()}.prof"))
         return 0
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -783,7 +783,7 @@ def _cpu_reading(replicas: list[Replica], backends: list[int]) -> dict[str, Any]
     return {
         "time": time.time(),
         "client": sum(proc_cpu_s(r.proc.pid) for r in replicas),
-        "server": server_cpu_s("postgres") or 0.0,
+        "server": server_cpu_s(PG_SERVER + "/" + ADMIN_DB) or 0.0,
         "backends": {pid: proc_cpu_s(pid) for pid in backends if Path(f"/proc/{pid}").exists()},
         "machine": machine_busy_s(),
         "irq": machine_irq_s(),
