@@ -40,7 +40,7 @@ from fleetcron.jobspec import CallTarget, CommandTarget, JobSpec
 from fleetcron.keepalive import stop_points
 from fleetcron.models import RunOutcome, micros_to_datetime
 from fleetcron.reaper import Reaper, Watch
-from fleetcron.scrub import Scrubber, ScrubbingStream
+from fleetcron.scrub import Scrubber, ScrubbingStream, scrubber_for
 from fleetcron.stores.ledger import OUTPUT_LIMIT
 
 __all__ = ["Cancellation", "Execution", "StopPolicy", "execute"]
@@ -116,7 +116,7 @@ async def execute(
     """Run ``spec``'s target once and report how it ended. The store's password is
     masked in everything the run printed or raised (:mod:`fleetcron.scrub`)."""
     target = spec.target
-    scrubber = Scrubber(backend_url)
+    scrubber = scrubber_for(backend_url)
     if isinstance(target, CommandTarget):
         outcome = await _run_process(
             list(target.argv), ctx, cancellation, stop, backend_url, echo, scrubber, isolated=None

@@ -105,6 +105,10 @@ class AsyncLease:
         self.lost = asyncio.Event()
         """Set when the lease is lost."""
         self._task: asyncio.Task[None] | None = None
+        # Until the first renewal is due the keepalive is a timer, not a task: most runs
+        # end before it, and a task costs several turns of the loop to start and cancel.
+        self._timer: asyncio.TimerHandle | None = None
+        self._keepalive_started = False
         self._owner: asyncio.Task[object] | None = None
         self._on_lost: list[Callable[[Any], None]] = []
         self._cancelled_owner = False
@@ -201,15 +205,28 @@ class AsyncLease:
 
     # -- keepalive -------------------------------------------------------------------------
     def start_keepalive(self) -> None:
-        """Start the renewal task on the running loop (idempotent)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._keepalive(), name=f"fleetcron-keepalive:{self.name}"
-            )
-            self._task.add_done_callback(self._keepalive_ended)
+        """Start renewing on the running loop (idempotent): the renewal task starts when
+        the first renewal is due."""
+        if self._keepalive_started:
+            return
+        self._keepalive_started = True
+        first_s = self._next_wait_s(renew_interval_s(self.terms.lock_at_most_us))
+        self._timer = asyncio.get_running_loop().call_later(first_s, self._begin_keepalive)
+
+    def _begin_keepalive(self) -> None:
+        self._timer = None
+        if self._released or self.is_lost:
+            return
+        self._task = asyncio.get_running_loop().create_task(
+            self._keepalive(renew_at_once=True), name=f"fleetcron-keepalive:{self.name}"
+        )
+        self._task.add_done_callback(self._keepalive_ended)
 
     def cancel_keepalive(self) -> None:
         """Stop renewing, without waiting for the renewal task to end."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         task = self._task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
@@ -228,10 +245,15 @@ class AsyncLease:
         if error is not None:
             self._declare_lost(f"the keepalive failed: {describe_failure(error)}")
 
-    async def _keepalive(self) -> None:
+    def _next_wait_s(self, interval_s: float) -> float:
+        return min(interval_s, max(self.remaining_us() / 1e6, 0))
+
+    async def _keepalive(self, *, renew_at_once: bool = False) -> None:
         interval = renew_interval_s(self.terms.lock_at_most_us)
         while not self._released:
-            await asyncio.sleep(min(interval, max(self.remaining_us() / 1e6, 0)))
+            if not renew_at_once:
+                await asyncio.sleep(self._next_wait_s(interval))
+            renew_at_once = False
             if self._released:
                 return
             if self.remaining_us() <= 0:

@@ -141,6 +141,18 @@ class SchedulerOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class _SlotFacts:
+    """What a pass needs of one slot of a job, worked out under one definition of the job
+    (``spec``) and one version of the ring."""
+
+    spec: JobSpec
+    slot_us: int
+    ring_version: int
+    shared: bool
+    deadline_us: int
+
+
+@dataclass(frozen=True, slots=True)
 class Reload:
     """What :meth:`AsyncScheduler.reload` changed, by job name."""
 
@@ -649,25 +661,52 @@ class AsyncScheduler:
         await self._record_missed(plans)
         for job, plan in plans:
             spec = job.spec
+            local = self.definitions.local.get(spec.name)
             for slot in self._collect(job, plan):
-                slot_deadline = deadline(spec, slot)
-                if self._shared(spec.name, slot):
+                shared, slot_deadline = self._slot_facts(job, slot)
+                if shared:
                     ripe = spec.name in later
                     self._wait_for_owner(spec.name, slot, slot_deadline, now, ripe=ripe)
                 else:
-                    claim = claim_for(spec, slot, "schedule", deadline_us=slot_deadline)
-                    self._pending.append(claim)
+                    # Signed now, as it is sent unless the definition changes meanwhile.
+                    self._pending.append(
+                        claim_for(
+                            spec,
+                            slot,
+                            "schedule",
+                            deadline_us=slot_deadline,
+                            fingerprint=local,
+                        )
+                    )
 
     def _shared(self, job: str, slot_us: int) -> bool:
         """Whether the slot is one another replica owns (claim mode only)."""
         return self.options.mode == "claim" and not self.ring.owns(job, slot_us)
 
-    def _collect_delay(self, spec: JobSpec, slot_us: int) -> int:
+    def _slot_facts(self, job: PlannedJob, slot_us: int) -> tuple[bool, int]:
+        """Whether another replica owns the slot, and its deadline: worked out once per
+        slot, when the job went in the heap for it (:meth:`_collect_delay`), unless the
+        job's definition or the ring has changed since."""
+        spec, known, version = job.spec, job.next, self.ring.version
+        if (
+            isinstance(known, _SlotFacts)
+            and known.spec is spec
+            and known.slot_us == slot_us
+            and known.ring_version == version
+        ):
+            return known.shared, known.deadline_us
+        shared = self._shared(spec.name, slot_us)
+        slot_deadline = deadline(spec, slot_us)
+        job.next = _SlotFacts(spec, slot_us, version, shared, slot_deadline)
+        return shared, slot_deadline
+
+    def _collect_delay(self, job: PlannedJob, slot_us: int) -> int:
         """How long after its fire time a slot is collected: at once when this replica owns
         it (or runs alone, or leads), else after its hand-over wait (:meth:`_handover`)."""
-        if self.options.mode != "claim" or self.ring.owns(spec.name, slot_us):
+        shared, slot_deadline = self._slot_facts(job, slot_us)
+        if not shared:
             return 0
-        return self._handover(deadline(spec, slot_us), slot_us)
+        return self._handover(slot_deadline, slot_us)
 
     @staticmethod
     def _handover(deadline_us: int | None, slot_us: int) -> int:
@@ -867,7 +906,10 @@ class AsyncScheduler:
                 # Each claim is sent with this replica's definition of its job: the store
                 # refuses it while the registered definition is another (conflict).
                 local = self.definitions.local
-                signed = [replace(c, fingerprint=local[c.job]) for c in batch]
+                signed = [
+                    c if c.fingerprint == local[c.job] else replace(c, fingerprint=local[c.job])
+                    for c in batch
+                ]
                 results = await self.store.run(
                     self.ops.run_claim(self.options.namespace, signed, self.holder, ttl)
                 )

@@ -21,6 +21,7 @@ password masked too.
 
 from __future__ import annotations
 
+import functools
 import re
 import urllib.parse
 from dataclasses import replace
@@ -28,7 +29,14 @@ from dataclasses import replace
 from fleetcron.models import RunOutcome
 from fleetcron.stores.url import url_passwords
 
-__all__ = ["MASK", "MIN_SECRET_LENGTH", "Scrubber", "ScrubbingStream", "credentials"]
+__all__ = [
+    "MASK",
+    "MIN_SECRET_LENGTH",
+    "Scrubber",
+    "ScrubbingStream",
+    "credentials",
+    "scrubber_for",
+]
 
 MASK = "***"
 MIN_SECRET_LENGTH = 4
@@ -107,6 +115,13 @@ class Scrubber:
                 if match.start() >= end:
                     break
         return end
+
+
+@functools.lru_cache(maxsize=16)
+def scrubber_for(backend_url: str | None) -> Scrubber:
+    """The :class:`Scrubber` of ``backend_url``, made once: a scheduler scrubs every run's
+    outcome with the same one, and making it parses the URL and compiles a pattern."""
+    return Scrubber(backend_url)
 
 
 class ScrubbingStream:

@@ -164,7 +164,7 @@ async def test_live_replicas_claim_their_own_slots_instead_of_racing_for_all() -
 
 def test_a_job_whose_next_slot_another_replica_owns_waits_in_the_later_heap() -> None:
     theirs = {"b"}
-    heap = DueHeap(delay=lambda spec, slot: 250_000 if spec.name in theirs else 0)
+    heap = DueHeap(delay=lambda job, slot: 250_000 if job.spec.name in theirs else 0)
     jobs = {
         name: PlannedJob(spec=spec(name, lambda ctx: None, every="1s"), cursor_us=0)
         for name in "ab"

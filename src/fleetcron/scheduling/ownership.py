@@ -36,6 +36,10 @@ class Ring:
         self.me = me
         self.jobs_fingerprint = jobs_fingerprint
         self.members: tuple[str, ...] = (me,)
+        self.version = 0
+        """Counts the changes of :attr:`members`: an owner worked out before a change is
+        worked out again."""
+        self._prefixes: dict[str, int] = {}  # the CRC-32 of each job's part of the key
 
     def update(self, rows: Iterable[ReplicaRecord]) -> None:
         """Take the live claim-mode replicas running this replica's definitions; this
@@ -46,14 +50,20 @@ class Ring:
             if row.alive and row.mode == "claim" and row.jobs_fingerprint == self.jobs_fingerprint
         }
         live.add(self.me)
-        self.members = tuple(sorted(live))
+        members = tuple(sorted(live))
+        if members != self.members:
+            self.members = members
+            self.version += 1
 
     def owns(self, job: str, slot_us: int) -> bool:
         """Whether this replica is the slot's owner (always, alone in the ring)."""
         members = self.members
         if len(members) == 1:
             return True
-        # CRC-32 spreads (job, slot) evenly enough and costs well under a microsecond;
-        # every member computes the same owner from the same member list.
-        index = zlib.crc32(f"{job}\0{slot_us}".encode()) % len(members)
+        # CRC-32 of "job\0slot" spreads (job, slot) evenly enough; every member computes
+        # the same owner from the same member list. The job's part is computed once.
+        prefix = self._prefixes.get(job)
+        if prefix is None:
+            prefix = self._prefixes[job] = zlib.crc32(f"{job}\0".encode())
+        index = zlib.crc32(str(slot_us).encode(), prefix) % len(members)
         return members[index] == self.me

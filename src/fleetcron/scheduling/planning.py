@@ -37,23 +37,26 @@ MISSED_RECORD_LIMIT = 1_000  # missed slots recorded per job per pass (the newes
 class PlannedJob:
     """A job as one replica plans it: ``cursor_us`` is its last slot collected (or the
     fleet's high-water mark at start); ``buffered`` the newest slot waiting for the running
-    attempt to end (``overlap = buffer_one`` / ``cancel_other``)."""
+    attempt to end (``overlap = buffer_one`` / ``cancel_other``); ``next`` what the
+    scheduler worked out for its next slot when it went in the heap (its own, for the
+    pass that collects the slot)."""
 
     spec: JobSpec
     cursor_us: int
     buffered: int | None = None
+    next: object = None
 
 
 @dataclass
 class DueHeap:
     """Each job's next fire time (slot + jitter), soonest first.
 
-    ``delay(spec, slot)`` says how long after its fire time a slot may be collected (0:
-    at once). A job whose next slot waits goes in a second heap, at its fire time plus
+    ``delay(job, slot)`` says how long after its fire time the job's next slot may be
+    collected (0: at once). A job whose next slot waits goes in a second heap, at its fire time plus
     the delay: the scheduler collects those in batches (``pop_later``), so a replica does
     not wake for every slot another replica owns."""
 
-    delay: Callable[[JobSpec, int], int] | None = None
+    delay: Callable[[PlannedJob, int], int] | None = None
     _heap: list[tuple[int, str]] = field(default_factory=list)
     _later: list[tuple[int, str]] = field(default_factory=list)
 
@@ -63,7 +66,7 @@ class DueHeap:
         following = spec.schedule.next_after(job.cursor_us)
         if following is not None:
             fire = following + jitter_us(spec.name, following, spec.jitter_us)
-            wait = self.delay(spec, following) if self.delay is not None else 0
+            wait = self.delay(job, following) if self.delay is not None else 0
             if wait > 0:
                 heapq.heappush(self._later, (fire + wait, spec.name))
             else:
@@ -129,9 +132,15 @@ def plan_slots(job: PlannedJob, now_us: int) -> Plan:
 
 
 def claim_for(
-    spec: JobSpec, slot: int, trigger: str, *, deadline_us: int | None = None
+    spec: JobSpec,
+    slot: int,
+    trigger: str,
+    *,
+    deadline_us: int | None = None,
+    fingerprint: str | None = None,
 ) -> SlotClaim:
-    """The claim of one slot of ``spec``."""
+    """The claim of one slot of ``spec`` (``fingerprint``: of the definition it is made
+    for, see :class:`~fleetcron.models.SlotClaim`)."""
     return SlotClaim(
         job=spec.name,
         slot_us=slot,
@@ -141,6 +150,7 @@ def claim_for(
         trigger=trigger,
         least_us=spec.lock_at_least_us,
         deadline_us=deadline_us,
+        fingerprint=fingerprint,
     )
 
 

@@ -38,7 +38,7 @@ from fleetcron.reaper import Reaper
 from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.finishing import FinishBatcher
 from fleetcron.scheduling.recovery import Recovery
-from fleetcron.scrub import Scrubber
+from fleetcron.scrub import scrubber_for
 from fleetcron.slot_lease import AsyncSlotLease
 from fleetcron.stores.base import AsyncStore
 
@@ -232,7 +232,7 @@ class Supervisor:
             if execution.abandoned is not None:
                 self._abandon(spec.name, execution.abandoned)
         except Exception as exc:  # the executor itself failed: still record it
-            error = Scrubber(self.options.backend_url).scrub(f"{type(exc).__name__}: {exc}")
+            error = scrubber_for(self.options.backend_url).scrub(f"{type(exc).__name__}: {exc}")
             outcome = RunOutcome(state="failed", error=error)
         except BaseException:
             # Cancelled (the replica's shutdown) before an outcome: the lease must not go on
