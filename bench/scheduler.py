@@ -34,7 +34,9 @@ JSON file. The parent then reads the namespace's whole ledger with ``run_list`` 
   database over the replicas' whole life, as a server-side cross-check.
 
 Results: a markdown table on stdout and ``bench/results/scheduler.json`` (``--out``).
-The namespace's finished ledger rows are pruned at the end unless ``--keep``.
+On PostgreSQL and MySQL each run has a fresh database on the server, dropped at the end
+(``--shared-database`` runs in the URL's own database instead, and prunes the namespace's
+finished ledger rows at the end); ``--keep`` keeps either.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -330,10 +334,67 @@ def resolve_url(backend: str, tmp: Path) -> str:
     return backend
 
 
+def _database_url(url: str, database: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + database))
+
+
+def _server_sql(url: str, sql: str) -> None:
+    """Run one statement on the server of a PostgreSQL or MySQL ``url``."""
+    if url.startswith(("postgresql://", "postgres://")):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql)
+        return
+    import pymysql
+
+    parts = urllib.parse.urlsplit(url)
+    conn = pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=urllib.parse.unquote(parts.username or "root"),
+        password=urllib.parse.unquote(parts.password or ""),
+        autocommit=True,
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def fresh_database(url: str, enabled: bool, *, keep: bool = False) -> Iterator[str]:
+    """A new, empty database on the server of a PostgreSQL or MySQL ``url`` for one run,
+    dropped afterwards unless ``keep``: every run starts from the same state, not from the
+    dead rows of the runs before it (a server without autovacuum keeps them all)."""
+    if not enabled or not url.startswith(("postgresql://", "postgres://", "mysql://")):
+        yield url
+        return
+    database = f"fleetcron_bench_{secrets.token_hex(4)}"
+    quote = '"' if url.startswith("postgres") else "`"
+    _server_sql(url, f"CREATE DATABASE {quote}{database}{quote}")
+    try:
+        yield _database_url(url, database)
+    finally:
+        if keep:
+            print(f"kept the database {database}", file=sys.stderr)
+        else:
+            force = " WITH (FORCE)" if quote == '"' else ""
+            with contextlib.suppress(Exception):
+                _server_sql(url, f"DROP DATABASE IF EXISTS {quote}{database}{quote}{force}")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    started = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="fleetcron-bench-"))
-    url = resolve_url(args.backend, tmp)
+    fresh = not args.shared_database
+    with fresh_database(resolve_url(args.backend, tmp), fresh, keep=args.keep) as url:
+        return _run(args, tmp, url)
+
+
+def _run(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
+    started = time.time()
     namespace = f"bench-sched-{secrets.token_hex(4)}"
     print(f"namespace {namespace} on {args.backend}", file=sys.stderr)
     store_call(url, lambda ops: ops.store_now())  # migrate / check the server is up
@@ -642,6 +703,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--leader-ttl", default="15s", help="leader lease (mode = leader)")
     parser.add_argument("--startup-timeout", type=float, default=120.0)
     parser.add_argument("--keep", action="store_true", help="do not prune the ledger rows")
+    parser.add_argument(
+        "--shared-database",
+        action="store_true",
+        help="run in the backend URL's database (default: a fresh one on its server, "
+        "dropped after the run; PostgreSQL and MySQL)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     # replica side (internal)
     parser.add_argument(
