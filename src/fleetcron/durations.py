@@ -6,6 +6,7 @@ enters lease arithmetic.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import timedelta
 
@@ -36,15 +37,24 @@ def parse_duration(text: str, *, what: str = "duration") -> int:
     Raises :class:`ConfigurationError` naming ``what`` when the text is not a duration.
     A bare number is rejected: the unit must be explicit.
     """
-    cleaned = text.strip().lower()
-    if not cleaned or not _WHOLE.fullmatch(cleaned):
+    total = _parsed(text.strip().lower())
+    if total is None:
         raise ConfigurationError(
             f"{what}: {text!r} is not a duration (use e.g. 500ms, 90s, 10m, 1h30m, 2d)"
         )
+    return _bounded(total, text, what)
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed(cleaned: str) -> float | None:
+    """The microseconds ``cleaned`` says, or ``None``: made once per text (a fleet's jobs
+    repeat the same few durations, defaults included, thousands of times)."""
+    if not cleaned or not _WHOLE.fullmatch(cleaned):
+        return None
     total = 0.0
     for number, unit in _PART.findall(cleaned):
         total += float(number) * _UNITS_US[unit]
-    return _bounded(total, text, what)
+    return total
 
 
 def to_micros(value: DurationLike, *, what: str = "duration") -> int:
