@@ -1060,6 +1060,33 @@ def test_finish_keeps_the_last_4096_characters_of_the_output(ledger: Ledger) -> 
     assert ledger.must_get("job", s3).output == "short"
 
 
+def test_an_outcome_holding_nul_characters_is_recorded_with_them_replaced(
+    ledger: Ledger,
+) -> None:
+    # A command may print a NUL byte, an exception may carry one: PostgreSQL's text cannot
+    # hold it, so every backend stores U+FFFD instead, alone or in a batch.
+    s1, s2, s3 = ledger.past_slots(3)
+    alone = ledger.must_claim("job", s1, exclusive=False)
+    assert ledger.finish(alone, "failed", error="bad\x00error", output="out\x00put\x00")
+    batch = [ledger.must_claim("job", slot, exclusive=False) for slot in (s2, s3)]
+    finishes = [
+        RunFinish(run.job, run.slot_us, run.fence, RunOutcome(state="succeeded", output=text))
+        for run, text in zip(batch, ("\x00", "tail \x00"), strict=True)
+    ]
+    assert ledger.store.run(ledger.ops.run_finish_many(ledger.namespace, finishes)) == [
+        True,
+        True,
+    ]
+
+    first = ledger.must_get("job", s1)
+    assert (first.state, first.error, first.output) == (
+        "failed",
+        "bad\ufffderror",
+        "out\ufffdput\ufffd",
+    )
+    assert [ledger.must_get("job", slot).output for slot in (s2, s3)] == ["\ufffd", "tail \ufffd"]
+
+
 def test_a_late_completion_of_a_holder_paused_past_its_lease_is_refused(ledger: Ledger) -> None:
     (slot,) = ledger.past_slots(1)
     first = ledger.must_claim("job", slot, holder="h1", ttl_us=SHORT, max_attempts=2)

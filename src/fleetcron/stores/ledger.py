@@ -23,11 +23,24 @@ __all__ = [
     "new_job",
     "noted_run",
     "recorded_run",
+    "stored_text",
 ]
 
 LOST_ERROR = "the holder's lease expired without an outcome"
 MISSED_ERROR = "no replica started it before its deadline (catchup policy)"
 OUTPUT_LIMIT = 4096
+
+
+def stored_text(text: str | None, *, tail: bool = False) -> str | None:
+    """An outcome's error or output (``tail``: cut to its last :data:`OUTPUT_LIMIT`
+    characters) as every backend stores it: a NUL character, which PostgreSQL's text cannot
+    hold (a command's output may well print one), becomes U+FFFD. Without this the outcome
+    of such a run could never be recorded there."""
+    if not text:
+        return text
+    if tail:
+        text = text[-OUTPUT_LIMIT:]
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +285,8 @@ def decide_finish(
         expires_us=None,
         retry_at_us=retry_at,
         exit_code=outcome.exit_code,
-        error=outcome.error,
-        output=outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output,
+        error=stored_text(outcome.error),
+        output=stored_text(outcome.output, tail=True),
         now_us=now,
     )
     released = None

@@ -92,7 +92,7 @@ from fleetcron.stores.base import (
     rows_to_replicas,
     rows_to_runs,
 )
-from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, stored_text
 from fleetcron.stores.redis.checkpoints import RedisCheckpoints
 from fleetcron.stores.redis.keys import glob_escape as _glob_escape
 from fleetcron.stores.redis.keys import lease_key
@@ -177,7 +177,7 @@ def _finish_call(
 ) -> tuple[tuple[str, ...], tuple[ScriptArg, ...]]:
     """The keys and arguments of one ``run_finish`` script call."""
     outcome = finish.outcome
-    output = outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output
+    output = stored_text(outcome.output, tail=True)
     keys = (
         lease_key(namespace, job_lease_name(finish.job)),
         job_key(namespace, finish.job),
@@ -187,7 +187,7 @@ def _finish_call(
         finish.fence,
         outcome.state,
         _opt(outcome.exit_code),
-        _opt(outcome.error),
+        _opt(stored_text(outcome.error)),
         _opt(output),
         _opt(outcome.retry_after_us),
         finish.job,

@@ -36,7 +36,7 @@ from fleetcron.stores.base import (
     rows_to_replicas,
     rows_to_runs,
 )
-from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
+from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT, stored_text
 from fleetcron.stores.statements import Query, QueryBatch
 
 __all__ = [
@@ -183,8 +183,8 @@ def finish_params(namespace: str, finish: RunFinish) -> dict[str, object]:
         "fence": finish.fence,
         "state": outcome.state,
         "exit_code": outcome.exit_code,
-        "error": outcome.error,
-        "output": outcome.output[-OUTPUT_LIMIT:] if outcome.output else outcome.output,
+        "error": stored_text(outcome.error),
+        "output": stored_text(outcome.output, tail=True),
         "retry_after_us": outcome.retry_after_us if outcome.state == "failed" else None,
     }
 
