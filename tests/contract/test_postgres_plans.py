@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ import pytest
 from psycopg import sql as pgsql
 
 from contract.test_schema import fresh_database
+from fleetcron.models import SlotClaim
 from fleetcron.stores import open_store, parse_store_url
 from fleetcron.stores.sql.files import load_queries
+from fleetcron.stores.sql.postgres import PostgresStore
 from services import require_service
 
 JOBS = 40
@@ -149,3 +152,50 @@ def test_the_settled_read_looks_each_slot_up_instead_of_hashing_the_namespace(
     assert [scan["Actual Loops"] for scan in scans] == [len(pairs)], scans
     assert nodes[0]["Actual Rows"] == len(pairs) - 1
     assert len(answered) == len(pairs) - 1
+
+
+def test_history_reads_are_planned_at_each_call_and_claims_are_prepared(namespace: str) -> None:
+    # A prepared plan lasts as long as the connection: a job's history read planned while
+    # the ledger was empty went on reading the whole namespace for every job. Such reads
+    # are planned at each call; the claims and the outcomes stay prepared.
+    url = require_service("postgres")
+    store = open_store(parse_store_url(url))
+    assert isinstance(store, PostgresStore)
+    try:
+        ops = store.ops
+        now = store.run(ops.store_now())
+        for index in range(6):  # psycopg prepares a statement at its 5th run
+            slot = now - (index + 1) * 1_000_000
+            [answer] = store.run(
+                ops.run_claim(
+                    namespace,
+                    [SlotClaim(job="j", slot_us=slot, run_id="r", exclusive=False)],
+                    "h",
+                    60_000_000,
+                )
+            )
+            assert answer.run is not None
+            store.run(ops.run_list_many(namespace, ["j", "k"], 50))
+            store.run(ops.run_list(namespace, "j", 50))
+            store.run(ops.run_list(namespace, None, 50))
+            store.run(ops.run_settled(namespace, [("j", slot)]))
+            store.run(ops.run_due(namespace, 100))
+        rows = store._connection().execute("SELECT statement FROM pg_prepared_statements")
+        texts = " ".join(str(row[0]) for row in rows.fetchall())
+    finally:
+        store.close()
+
+    queries = load_queries("postgres")
+    assert _as_prepared(queries["run_claim"]) in texts, texts
+    for name in ("run_list", "run_list_job", "run_list_many", "run_settled", "run_due"):
+        assert _as_prepared(queries[name]) not in texts, name
+
+
+def _as_prepared(sql: str) -> str:
+    """``sql`` as psycopg prepares it: each ``%(name)s`` numbered by its first place."""
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${numbers.setdefault(match[1], len(numbers) + 1)}"
+
+    return re.sub(r"%\((\w+)\)s", number, sql)

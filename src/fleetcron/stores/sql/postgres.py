@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import re
@@ -28,6 +29,7 @@ from fleetcron.errors import (
 from fleetcron.models import ClaimResult, RunFinish, RunRecord, SlotClaim
 from fleetcron.stores.base import Capability, Operation, SqlResult, connect_error, rows_to_runs
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
+from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.operations import (
     SqlLedger,
     SqlOperations,
@@ -70,6 +72,27 @@ _IDLE = TransactionStatus.IDLE
 # a batch of one transaction is sent as one autocommit statement, without the BEGIN and
 # COMMIT around it (each a statement of its own for the server and the driver).
 _DEFAULT_ISOLATION = "SHOW default_transaction_isolation"
+# Reads of many rows, planned at every call instead of prepared once per connection. A
+# prepared plan is kept for the connection's life: made while the ledger was empty (a new
+# fleet's monitor reads it before the first run), the plan of a job's history read took
+# fleetcron_run_newest and read the whole namespace's ledger for every job, long after the
+# ledger had grown. Planned per call, each read sees the table as it is; these statements
+# run a few times a second at most, and their plan costs a fraction of what they read.
+_PLANNED_PER_CALL = ("run_list", "run_list_job", "run_list_many", "run_settled", "run_due")
+
+
+@functools.cache
+def _planned_per_call() -> frozenset[str]:
+    queries = load_queries("postgres")
+    return frozenset(queries[name] for name in _PLANNED_PER_CALL)
+
+
+def _prepare(sql: str) -> bool | None:
+    """psycopg's ``prepare`` for ``sql``: never for :data:`_PLANNED_PER_CALL`, else as the
+    connection does (prepared from its fifth run unless the URL says off)."""
+    return False if sql in _planned_per_call() else None
+
+
 _RETRIES = 8  # tries of a single statement refused by serialization or a deadlock
 
 
@@ -386,9 +409,10 @@ class PostgresStore(SqlSyncStore):
         cur = self._cursor
         if cur is None or cur.connection is not conn or cur.closed:
             cur = self._cursor = conn.cursor()
+        prepare = _prepare(sql)
         for attempt in range(_RETRIES):
             try:
-                cur.execute(sql, params)
+                cur.execute(sql, params, prepare=prepare)
                 break
             except _RETRYABLE:
                 if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
@@ -544,10 +568,11 @@ class AsyncPostgresStore(AsyncSqlStore):
     async def _execute_on(
         self, conn: psycopg.AsyncConnection[Any], sql: str, params: dict[str, object]
     ) -> SqlResult:
+        prepare = _prepare(sql)
         async with conn.cursor() as cur:
             for attempt in range(_RETRIES):
                 try:
-                    await cur.execute(sql, params)
+                    await cur.execute(sql, params, prepare=prepare)
                     break
                 except _RETRYABLE:
                     if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
