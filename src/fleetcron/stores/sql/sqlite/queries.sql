@@ -140,10 +140,13 @@ UPDATE fleetcron_run SET cancel_requested = 1
 RETURNING 1;
 
 -- name: run_settled
--- Which [job, slot_us] pairs of the JSON array have a row other than queued.
+-- Which [job, slot_us] pairs of the JSON array have a row other than queued. CROSS JOIN
+-- keeps the pairs the outer loop (SQLite does not reorder it): one primary-key lookup per
+-- pair. A plain JOIN was planned as a scan of the namespace's ledger with the pairs read
+-- again for every row.
 SELECT r.job, r.slot_us
   FROM json_each(:pairs) AS k
-  JOIN fleetcron_run AS r
+ CROSS JOIN fleetcron_run AS r
     ON r.namespace = :namespace AND r.job = json_extract(k.value, '$[0]')
    AND r.slot_us = json_extract(k.value, '$[1]')
  WHERE r.state <> 'queued';
@@ -279,11 +282,13 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
 
 -- name: run_due
 -- Rows a replica should claim now, oldest slot first: queued (trigger, backfill), running
--- with an expired lease (holder vanished), failed with a retry that has come.
+-- with an expired lease (holder vanished), failed with a retry that has come. Through the
+-- index of open rows: without statistics SQLite took the primary key's namespace prefix,
+-- every finished row of the ledger read at each poll.
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output, t
-  FROM fleetcron_run, now
+  FROM fleetcron_run INDEXED BY fleetcron_run_open, now
  WHERE namespace = :namespace
    AND state IN ('queued', 'running', 'failed')
    AND (state = 'queued'
@@ -339,7 +344,9 @@ RETURNING 1;
 -- max_attempts, fence, holder, available_us, created_us, finished_us, error, now_us).
 -- Batches come as one JSON array, unpacked by json_each; the operation has already dropped
 -- the repeats of an item within a batch. An item is held while it is claimed and its
--- claim (available_us) has not expired.
+-- claim (available_us) has not expired. Where items are named by id, `+namespace` and
+-- `+queue` keep SQLite from taking the (namespace, queue) index, which walks every item the
+-- queue still holds, done ones included: each named item is one lookup by id.
 
 -- name: queue_put
 -- Items are [payload, dedupe_key, delay_us, max_attempts], inserted in input order
@@ -393,7 +400,7 @@ UPDATE fleetcron_queue_item AS i
   FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence
           FROM json_each(:claims)) AS c
  WHERE i.id = c.id AND i.fence = c.fence
-   AND i.namespace = :namespace AND i.queue = :queue
+   AND +i.namespace = :namespace AND +i.queue = :queue
    AND i.state = 'claimed' AND i.available_us > (SELECT t FROM now)
 RETURNING id, fence, available_us;
 
@@ -404,7 +411,7 @@ UPDATE fleetcron_queue_item AS i
   FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence
           FROM json_each(:claims)) AS c
  WHERE i.id = c.id AND i.fence = c.fence
-   AND i.namespace = :namespace AND i.queue = :queue
+   AND +i.namespace = :namespace AND +i.queue = :queue
    AND i.state = 'claimed' AND i.available_us > (SELECT t FROM now)
 RETURNING id, fence;
 
@@ -423,7 +430,7 @@ UPDATE fleetcron_queue_item AS i
                json_extract(value, '$[2]') AS error, json_extract(value, '$[3]') AS retry_in_us
           FROM json_each(:nacks)) AS n
  WHERE i.id = n.id AND i.fence = n.fence
-   AND i.namespace = :namespace AND i.queue = :queue
+   AND +i.namespace = :namespace AND +i.queue = :queue
    AND i.state = 'claimed' AND i.available_us > (SELECT t FROM now)
 RETURNING id, fence, state;
 
@@ -483,7 +490,7 @@ DELETE FROM fleetcron_queue_item
 UPDATE fleetcron_queue_item
    SET state = 'ready', attempts = 0, holder = NULL, finished_us = NULL,
        available_us = CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
- WHERE namespace = :namespace AND queue = :queue AND state = 'dead'
+ WHERE +namespace = :namespace AND +queue = :queue AND state = 'dead'
    AND id IN (SELECT value FROM json_each(:ids));
 
 -- Checkpoints (ctx.checkpoint): a job's high-water mark, moved only under a fence at least
