@@ -508,12 +508,15 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
 
 -- name: run_due
 -- Rows a replica should claim now, oldest slot first: queued (trigger, backfill), running
--- with an expired lease (holder vanished), failed with a retry that has come.
+-- with an expired lease (holder vanished), failed with a retry that has come. Through the
+-- index by state: for ORDER BY ... LIMIT the optimizer would walk the namespace's rows in
+-- slot order (fleetcron_run_newest or the primary key) and, with fewer rows due than the
+-- limit, read every finished run of the namespace at each poll.
 SET @fc_due_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
 SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
        @fc_due_now
-  FROM fleetcron_run
+  FROM fleetcron_run FORCE INDEX (fleetcron_run_open)
  WHERE namespace = %(namespace)s
    AND state IN ('queued', 'running', 'failed')
    AND (state = 'queued'
