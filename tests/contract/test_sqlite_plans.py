@@ -4,7 +4,7 @@ queue has grown.
 SQLite plans each statement without statistics unless someone runs ``ANALYZE``, and some
 of its choices read a whole prefix of an index: the settled read (a JSON array of slots
 joined to the ledger) was planned as a scan of the namespace's ledger with the array read
-again for every row, 150-200 ms a call at a few thousand rows, inside the write lock that
+again for every row, 110-200 ms a call at a few thousand rows, inside the write lock that
 every replica on the host waits for. These tests count the virtual machine's steps of
 each statement (``set_progress_handler``) on a ledger and a queue, grow them tenfold with
 rows the statement must not look at, and count again — with and without statistics.
