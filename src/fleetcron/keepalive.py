@@ -14,6 +14,11 @@ One set of rules serves the lock API (:class:`~fleetcron.lease.Lease`,
   has stopped by its deadline has stopped before anybody else can be granted the lease.
 - **A failed renewal** is retried sooner (:func:`retry_interval_s`); the lease is lost
   when a renewal is refused or the deadline passes without a successful one.
+- **An outcome the store failed to take** is tried again (:func:`finish_retry_pause_us`)
+  while the fence can still be current: until the lease's nominal end (the local deadline
+  plus the margin), the earliest the store can expire it. The tries are at most
+  :data:`FINISH_RETRY_MOST_S` apart, and the stretch just before the local deadline always
+  has one, so a store back from an outage shorter than the lease takes the outcome.
 - **The stop sequence** (:func:`stop_points`): the protected work is asked to stop (SIGTERM
   to a command's process group, a cancellation to Python code) ``kill_grace`` before the
   deadline, and killed (SIGKILL) at the deadline at the latest. A stop asked for another
@@ -28,10 +33,12 @@ import random
 from dataclasses import dataclass
 
 __all__ = [
+    "FINISH_RETRY_MOST_S",
     "StopPoints",
     "backoff_s",
     "describe_failure",
     "effective_grace_us",
+    "finish_retry_pause_us",
     "local_deadline_us",
     "renew_interval_s",
     "retry_interval_s",
@@ -41,6 +48,11 @@ __all__ = [
 
 _MAX_MARGIN_US = 2_000_000
 _MIN_RETRY_S = 0.05
+_LAST_CALL_LEAD_US = 100_000
+
+FINISH_RETRY_MOST_S = 0.5
+"""The longest wait between two tries to record an outcome: an outage ends unseen for at
+most this long (a back-off grown to seconds would sleep through the end of the lease)."""
 
 
 def safety_margin_us(ttl_us: int) -> int:
@@ -71,6 +83,32 @@ def backoff_s(attempt: int, *, first_s: float = 0.1, most_s: float = 5.0) -> flo
     doubling to ``most_s``, with jitter so that replicas do not retry in step."""
     ceiling = min(most_s, first_s * float(2 ** min(attempt, 16)))
     return random.uniform(ceiling / 2, ceiling)
+
+
+def finish_retry_pause_us(
+    attempt: int, *, now_us: int, deadline_us: int, ttl_us: int
+) -> int | None:
+    """The wait before try ``attempt + 2`` to record an outcome of a lease whose local
+    deadline is ``deadline_us`` (monotonic), or ``None`` when no later try can reach the
+    store while the fence may be current.
+
+    Tries go on until the lease's nominal end, ``deadline_us`` + the safety margin: the
+    store expires the lease no earlier (its expiry counts from when it *received* the
+    request whose send time set the deadline), and it refuses an outcome once expired, so
+    a late try is safe and an early give-up loses an outcome the store would have taken.
+    The waits back off from 50 ms to :data:`FINISH_RETRY_MOST_S`, and one try falls just
+    before the local deadline (a tenth of a second or half the margin before it, whichever
+    is less) however the back-off falls.
+    """
+    margin = safety_margin_us(ttl_us)
+    horizon = deadline_us + margin
+    pause = round(backoff_s(attempt, first_s=0.05, most_s=FINISH_RETRY_MOST_S) * 1e6)
+    last_call = deadline_us - min(_LAST_CALL_LEAD_US, margin // 2)
+    if now_us < last_call < now_us + pause:
+        pause = last_call - now_us
+    if now_us + pause >= horizon:
+        return None
+    return pause
 
 
 def describe_failure(exc: BaseException) -> str:

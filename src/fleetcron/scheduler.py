@@ -88,6 +88,15 @@ _CLOCK_RESYNC_US = 1_000_000  # the store's clock is read again at most this oft
 # A claim's answer whose store time is further than this from the estimate (beyond the
 # round trip) makes the next pass read the store's clock again.
 _CLOCK_TOLERANCE_US = 20_000
+BUSY_GRACE_US = 1_000_000
+"""Right after a store outage (within :data:`AFTER_OUTAGE_US` of this replica finding the
+store back), how long a slot refused because its job's previous attempt still holds the
+lease is asked again before it is skipped (``overlap = "skip"``). The outage held the
+outcomes of runs that ended during it, on every replica; each replica sends them within
+half a second of the store answering it, and a slot skipped behind a run that is over is
+a slot lost. Outside that window a busy slot is skipped at once, as the policy says."""
+AFTER_OUTAGE_US = 5_000_000
+_BUSY_RETRY_US = 150_000  # how often such a slot is asked again during its grace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +210,12 @@ class AsyncScheduler:
         self._due = DueHeap(delay=self._collect_delay)
         self._later_at_us = 0  # the next collection of slots other replicas own
         self._catching_up: set[tuple[str, int]] = set()
+        # Slots refused ``busy`` and asked again during their grace: when first refused
+        # (store time), and when the next such claim is due.
+        self._busy_since: dict[tuple[str, int], int] = {}
+        self._busy_wait: list[SlotClaim] = []
+        self._busy_retry_at_us: int | None = None
+        self._store_back_us: int | None = None  # store time this replica found it back
         self._offset_us = 0
         self._synced_us: int | None = None  # monotonic µs of the last clock reading
         self._stop = asyncio.Event()
@@ -365,6 +380,8 @@ class AsyncScheduler:
                 self.definitions.conflicts.pop(name, None)
                 self.definitions.replaced.pop(name, None)
             self._pending = deque(c for c in self._pending if c.job in new)
+            self._busy_wait = [c for c in self._busy_wait if c.job in new]
+            self._busy_since = {k: v for k, v in self._busy_since.items() if k[0] in new}
             self._foreign = deque(f for f in self._foreign if f[1] in new)
             fresh = [new[name] for name in (*change.added, *change.changed)]
             for spec in fresh:
@@ -597,6 +614,8 @@ class AsyncScheduler:
             soonest = min(soonest, max(later, self._later_at_us))
         if self._foreign and self._may_adopt():
             soonest = min(soonest, max(self._foreign[0][0], self._adopt_at_us))
+        if self._busy_retry_at_us is not None:
+            soonest = min(soonest, self._busy_retry_at_us)
         # A few random milliseconds past the slot: replicas wake in a different order each
         # time, so the runs of a single job spread over them instead of going to one.
         spread = random.uniform(0.002, 0.03)
@@ -607,6 +626,10 @@ class AsyncScheduler:
         # host's clock, which may be wrong (a replica whose clock ran ahead must not record
         # future slots as missed or skipped for the whole fleet).
         now = await self._store_clock()
+        if self.outage.active:
+            # The store answers again: the outcomes waiting for a try go before any claim.
+            self.supervisor.store_answered()
+            self._store_back_us = now
         # A job can be in the heap twice after a reload changed it, or no longer planned
         # after one removed it: each planned job is collected once.
         names = dict.fromkeys(self._due.pop_due(now))
@@ -650,6 +673,10 @@ class AsyncScheduler:
             known.update(self.supervisor.running)
             self._pending.extend(await self.recovery.poll(known))
         await self._adopt(now)
+        if self._busy_wait and self._busy_retry_at_us is not None and now >= self._busy_retry_at_us:
+            self._pending.extend(self._busy_wait)
+            self._busy_wait.clear()
+            self._busy_retry_at_us = None
         await self._claim()
 
     async def _take(
@@ -868,11 +895,17 @@ class AsyncScheduler:
             await self._sift(room)
         claims: list[SlotClaim] = []
         blocked: list[SlotClaim] = []
+        # A job whose last run has ended but whose outcome is not recorded yet is still
+        # running in the store: its next exclusive slot waits for that outcome (sent first,
+        # then the run's end wakes the loop) instead of being refused and skipped.
+        finishing = self.supervisor.finishing
         # The jobs holding a buffered slot, not every job: a pass costs what is due.
         for name in list(self._buffered):
             job = self._jobs.get(name)
             if job is None or job.buffered is None:
                 self._buffered.discard(name)
+                continue
+            if name in finishing:
                 continue
             if len(claims) < room:
                 self._buffered.discard(name)
@@ -888,7 +921,7 @@ class AsyncScheduler:
             if claim.job in self.supervisor.abandoned:
                 blocked.append(claim)
                 continue
-            if claim.exclusive and claim.job in exclusive:
+            if claim.exclusive and (claim.job in exclusive or claim.job in finishing):
                 waiting.append(claim)
                 continue
             if claim.exclusive:
@@ -954,6 +987,8 @@ class AsyncScheduler:
         for claim, answer in answers:
             if answer.status in ("claimed", "taken", "missed", "conflict"):
                 self._catching_up.discard((claim.job, claim.slot_us))
+            if answer.status != "busy" and self._busy_since:
+                self._busy_since.pop((claim.job, claim.slot_us), None)
             if answer.run is not None:
                 self.supervisor.start(answer.run, sent)
         refused = [(claim, answer.status) for claim, answer in answers if answer.run is None]
@@ -1031,6 +1066,17 @@ class AsyncScheduler:
                     extra={"action": "run_cancel_requested", "job": claim.job},
                 )
             return False
+        key = (claim.job, claim.slot_us)
+        now = self._now()
+        back = self._store_back_us
+        since = self._busy_since.setdefault(key, now)
+        if back is not None and since - back < AFTER_OUTAGE_US and now - since < BUSY_GRACE_US:
+            # The previous run may be over with its outcome on the way: ask again shortly.
+            self._busy_wait.append(claim)
+            if self._busy_retry_at_us is None:
+                self._busy_retry_at_us = now + _BUSY_RETRY_US
+            return False
+        del self._busy_since[key]
         await self._skip(claim, "previous run still running (overlap = skip)", "previous_running")
         return False
 
@@ -1057,10 +1103,12 @@ class AsyncScheduler:
 class StoreOutage:
     """The store as the loop sees it: an outage is logged once when it starts and once when
     it ends (with how long it lasted and how many passes failed), never once per pass; while
-    it lasts, passes are spaced by a jittered back-off (100 ms doubling to 5 s)."""
+    it lasts, passes are spaced by a jittered back-off (100 ms doubling to 1 s: the store
+    is found back within a second, well inside a lease, at the cost of one failed
+    connection attempt a second per replica while it is down)."""
 
     FIRST_S = 0.1
-    MOST_S = 5.0
+    MOST_S = 1.0
 
     def __init__(self) -> None:
         self.active = False

@@ -10,14 +10,15 @@ fence is no longer current.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from fleetcron.clock import Clock
-from fleetcron.errors import StoreError
-from fleetcron.keepalive import backoff_s
+from fleetcron.errors import SchemaError, StoreError, StoreRefused, StoreUnavailable
+from fleetcron.keepalive import finish_retry_pause_us, safety_margin_us
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms
 from fleetcron.models import LeaseRecord, RunOutcome, RunRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
@@ -102,35 +103,99 @@ class AsyncSlotLease(AsyncLease):
             )
         )
 
+    def fence_horizon_us(self) -> int:
+        """The lease's nominal end (monotonic µs): its local deadline plus the safety
+        margin. The store expires the lease no earlier, so the fence may be current until
+        then — an outcome is worth sending until then, never after."""
+        return self.deadline_us + safety_margin_us(self.terms.lock_at_most_us)
+
+    def retry_pause_us(self, attempt: int) -> int | None:
+        """The wait before the next try to record the outcome, ``None``: no try can be in
+        time any more (:func:`~fleetcron.keepalive.finish_retry_pause_us`)."""
+        return finish_retry_pause_us(
+            attempt,
+            now_us=self.clock.monotonic_us(),
+            deadline_us=self.deadline_us,
+            ttl_us=self.terms.lock_at_most_us,
+        )
+
+    async def confirm(self) -> bool:
+        """Whether the ledger holds this attempt's outcome: asked when the store refused a
+        try after an earlier one whose fate is unknown (its connection broke after the
+        request went out), which may have been the one that took it."""
+        row = await self._store.run(
+            self._ledger.run_get(self.namespace, self.run.job, self.run.slot_us)
+        )
+        return (
+            row is not None
+            and row.fence == self.fence
+            and row.state == self.outcome.state
+            and row.finished_us is not None
+        )
+
     async def finish(
         self,
         outcome: RunOutcome,
         on_retry: Callable[[StoreError], None] | None = None,
+        *,
+        wake: Callable[[], asyncio.Event] | None = None,
     ) -> bool:
         """Stop the keepalive and record ``outcome``; ``False`` when the store refused it
         (the fence is no longer current).
 
-        A store that fails (down, disk full) is tried again, with back-off, for as long as
-        the fence can still be current: until the lease's local deadline. ``on_retry`` is
-        called once, at the first failure. Past the deadline the last ``StoreError`` is
-        raised: the attempt is then recovered by the ledger like one whose holder vanished.
+        A store that fails (down, unreachable, disk full) is tried again for as long as the
+        fence can still be current — until :meth:`fence_horizon_us`, with waits of at most
+        :data:`~fleetcron.keepalive.FINISH_RETRY_MOST_S` and a try just before the local
+        deadline — and each try is given up at that horizon. ``wake()`` gives an event set
+        when the store is known to answer again (the next try goes at once). ``on_retry``
+        is called once, at the first failure. When no try could be in time, the last
+        error is raised (a :class:`~fleetcron.errors.StoreError`): the attempt is then
+        recovered by the ledger like one whose holder vanished.
         """
         self.outcome = outcome
-        try:
-            return await self.release()
-        except StoreError as first:
-            error = first
-        if on_retry is not None:
-            on_retry(error)
+        error: StoreError | None = None
         attempt = 0
-        while (left_s := self.remaining_us() / 1e6) > 0:
-            await asyncio.sleep(min(left_s, backoff_s(attempt)))
-            if self.remaining_us() <= 0:
+        while True:
+            left_us = self.fence_horizon_us() - self.clock.monotonic_us()
+            if attempt > 0 and left_us <= 0:
                 break
             try:
-                return await self._release_in_store()
+                # The first try always goes (it ends the keepalive); none outlives the horizon.
+                async with asyncio.timeout(left_us / 1e6 if left_us > 0 else None):
+                    if attempt == 0:
+                        accepted = await self.release()
+                    else:
+                        accepted = await self._release_in_store()
+            except (StoreRefused, SchemaError):
+                raise  # trying again will not help
             except StoreError as exc:
-                error, attempt = exc, attempt + 1
+                error = exc
+            except TimeoutError as exc:
+                error = StoreUnavailable("no answer from the store before the lease ended")
+                error.__cause__ = exc
+            else:
+                if accepted or error is None:
+                    return accepted
+                # Refused after a try whose fate is unknown: that try may have taken it.
+                try:
+                    async with asyncio.timeout(max(left_us / 1e6, 1.0)):
+                        return await self.confirm()
+                except TimeoutError as exc:
+                    raise StoreUnavailable("no answer from the store to a read") from exc
+            if attempt == 0 and on_retry is not None:
+                on_retry(error)
+            pause = self.retry_pause_us(attempt)
+            attempt += 1
+            if pause is None:
+                break
+            event = wake() if wake is not None else None
+            if event is None:
+                await asyncio.sleep(pause / 1e6)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), pause / 1e6)
+        if error is None:
+            error = StoreUnavailable("the lease ended before the outcome could be sent")
         raise error
 
 
@@ -202,22 +267,32 @@ class SlotLease(Lease):
         on_retry: Callable[[StoreError], None] | None = None,
     ) -> bool:
         """Sync :meth:`AsyncSlotLease.finish`: record ``outcome``, trying a failing store
-        again with back-off until the lease's local deadline; past it, raise."""
+        again while the fence can still be current (each try is bounded by the store's
+        ``timeout``); when no try could be in time, raise."""
         self.outcome = outcome
-        try:
-            return self.release()
-        except StoreError as first:
-            error = first
-        if on_retry is not None:
-            on_retry(error)
+        slot = self.slot
+        error: StoreError | None = None
         attempt = 0
-        while (left_s := self.remaining_us() / 1e6) > 0:
-            time.sleep(min(left_s, backoff_s(attempt)))
-            if self.remaining_us() <= 0:
-                break
+        while attempt == 0 or slot.fence_horizon_us() - slot.clock.monotonic_us() > 0:
             try:
-                self.accepted = run_inline(self.slot._release_in_store())
-                return self.accepted
+                accepted = self.release() if attempt == 0 else run_inline(slot._release_in_store())
+            except (StoreRefused, SchemaError):
+                raise
             except StoreError as exc:
-                error, attempt = exc, attempt + 1
+                error = exc
+            else:
+                if not accepted and error is not None:
+                    # Refused after a try whose fate is unknown: that try may have taken it.
+                    accepted = run_inline(slot.confirm())
+                self.accepted = accepted
+                return accepted
+            if attempt == 0 and on_retry is not None:
+                on_retry(error)
+            pause = slot.retry_pause_us(attempt)
+            attempt += 1
+            if pause is None:
+                break
+            time.sleep(pause / 1e6)
+        if error is None:
+            error = StoreUnavailable("the lease ended before the outcome could be sent")
         raise error

@@ -16,6 +16,9 @@ moment the call returns:
 - :meth:`~FaultProxy.half_close` — shut down the server→client direction of every connection
   (the client reads EOF; what the server sends is dropped); client→server still flows. A
   connection that was half-closed stays so after the mode changes.
+- :meth:`~FaultProxy.refuse` — the store is gone, as when its server is stopped: every open
+  connection is reset and each new one is reset as soon as it is accepted, until the mode
+  changes.
 
 :meth:`~FaultProxy.reset` is an action, not a mode: it sends a RST (``SO_LINGER`` 0, close)
 on both sides of every open connection and leaves the mode as it was, so new connections
@@ -53,7 +56,7 @@ _LINGER_ZERO = struct.pack("ii", 1, 0)
 
 @dataclass(frozen=True, slots=True)
 class _Mode:
-    name: Literal["pass", "delay", "blackhole", "bandwidth", "half_close"]
+    name: Literal["pass", "delay", "blackhole", "bandwidth", "half_close", "refuse"]
     directions: frozenset[str] = frozenset({"to_server", "to_client"})
     delay_s: float = 0.0
     jitter_s: float = 0.0
@@ -205,6 +208,10 @@ class FaultProxy:
         """Shut down server→client on every connection now and on each new one."""
         self._set_mode(_Mode("half_close", frozenset({"to_client"})))
 
+    def refuse(self) -> None:
+        """Reset every open connection now, and every new one as soon as it is accepted."""
+        self._set_mode(_Mode("refuse", frozenset()))
+
     def reset(self) -> int:
         """RST both sides of every open connection now; the mode stays. Returns how many."""
         return self._call(self._reset())
@@ -252,6 +259,8 @@ class FaultProxy:
 
     async def _apply(self, mode: _Mode) -> None:
         self._mode = mode
+        if mode.name == "refuse":
+            await self._reset()
         for connection in list(self._connections):
             if mode.name == "half_close":
                 connection.half_close()
@@ -301,6 +310,9 @@ class FaultProxy:
                 self._handlers.discard(handler)
 
     async def _run(self, connection: _Connection, client_reader: asyncio.StreamReader) -> None:
+        if self._mode.name == "refuse":
+            await connection.close(rst=True)
+            return
         # In a blackhole towards the server even the connection attempt is held.
         while self._mode.hits("to_server", "blackhole") and not connection.closed:
             connection.kick.clear()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from fault.clock import SteppableClock, faketime_env
 from fault.runner import ROOT, Proc, Run, Scenario, ScenarioFailed, child_env, wait_until
 from fault.servers import read_only_dir, small_tmpfs
+from fleetcron.schedules import iso_utc
 from pgbouncer_server import PgBouncer
 
 __all__ = ["SCENARIOS", "by_name"]
@@ -293,6 +294,59 @@ def store_restart_claims(run: Run) -> None:
     run.stop_all()
     for name in names:
         _window(run, name, 2 * SECOND)
+
+
+def short_outages(run: Run) -> None:
+    """Every connection of both replicas is cut for 3 s while a run is in flight, twice:
+    the run ends during the cut, its outcome is due then, and the job's next slot comes
+    0.1 s after the store is back. The outage is shorter than the lease, so every outcome
+    is recorded — no successful run recorded ``lost``, none run again by its retry — and
+    the next slot runs on time: not skipped as "still running" behind an outcome the
+    replica had not sent yet, not late because the replicas were slow to find the store
+    back."""
+    every = 4 * SECOND
+    url, proxy = run.proxied()
+    jobs = run.jobs_file(every="4s", work_s=1.2, lock_at_most="6s", extra="retries = 1\n")
+    run.replicas(2, jobs, url=url)
+    run.wait_runs("tick", 1)
+    cuts = 0
+    while cuts < 2:
+        now = run.store_now()
+        slot = now - now % every + every
+        run.wait_store_time(slot + 900_000 - now, "0.9 s into the next slot")
+        row = next((r for r in run.ledger("tick") if r.slot_us == slot), None)
+        if row is None or row.state != "running":
+            continue  # started late (the check below reports it): cut a later one
+        proxy.refuse()
+        run.fault("cut every connection to the store for 3 s, a run in flight")
+        run.wait_store_time(3 * SECOND, "3 s of outage")
+        proxy.pass_()
+        run.fault("the store is back")
+        cuts += 1
+    last = slot + 2 * every
+    wait_until(
+        lambda: any(r.slot_us >= last and r.state != "running" for r in run.ledger("tick")),
+        what="the second slot after the last cut to end",
+    )
+    run.stop_all()
+    _window(run, "tick", every)
+    # Beyond the checker (which accepts a skip with a reason): nothing may be skipped, no
+    # slot may have needed a second attempt, and none may start 2 s late.
+    expected = set(run.expected_slots["tick"])
+    bad = [
+        f"{iso_utc(r.slot_us)}: {r.state}, attempt {r.attempt}, started "
+        f"{((r.started_us or r.slot_us) - r.slot_us) / 1e6:.1f} s late {r.error or ''}".strip()
+        for r in run.ledger("tick")
+        if r.slot_us in expected
+        and (
+            r.state != "succeeded"
+            or r.attempt != 1
+            or r.started_us is None
+            or r.started_us - r.slot_us > 2 * SECOND
+        )
+    ]
+    if bad:
+        raise ScenarioFailed("slots not run once and on time after an outage: " + "; ".join(bad))
 
 
 def replica_sigstop(run: Run) -> None:
@@ -669,6 +723,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         replica_sigkill,
         fast=True,
         ok_states=_LOST_OK,
+    ),
+    Scenario(
+        "short_outages",
+        "every connection cut for 3 s (shorter than the lease) while a run is in flight",
+        short_outages,
+        backends=("postgres", "mysql", "redis"),
+        fast=True,
     ),
     Scenario(
         "replica_sigstop",

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from fleetcron import Fleet
+from fleetcron import Fleet, keepalive, slot_lease
 from fleetcron.clock import SYSTEM_CLOCK
 from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError, StoreUnavailable
@@ -831,6 +831,88 @@ async def test_an_outcome_not_recorded_before_its_lease_ends_is_recovered_by_the
     actions = _actions(caplog)
     assert actions.count("run_finish_retrying") == 1
     assert actions.count("run_finish_failed") == 1
+
+
+class DownForOutcomes(AsyncMemoryStore):
+    """Fails every outcome while :attr:`down` is set (the store back for claims, not yet
+    for the outcome retry's next try)."""
+
+    down = False
+
+    async def run(self, operation: Any) -> Any:
+        if self.down and getattr(operation, "__name__", "") in ("run_finish", "run_finish_many"):
+            operation.close()
+            raise StoreUnavailable("could not write, as the test asked")
+        return await super().run(operation)
+
+
+async def test_a_slot_due_while_the_previous_outcome_waits_for_its_retry_runs_after_it() -> None:
+    store = MemoryStore()
+    flaky = DownForOutcomes(store)
+    flaky.down = True
+    job = spec("quick", lambda ctx: None, every="1s", overlap="skip")
+    scheduler = AsyncScheduler(flaky, [job], SchedulerOptions(namespace=NS))
+    task = asyncio.create_task(scheduler.run())
+    try:
+        await until_signalled([scheduler], lambda: bool(ledger(store, "quick")))
+        first = ledger(store, "quick")[0].slot_us
+        # The next slot is due, and its claim goes out, while the first outcome waits.
+        async with asyncio.timeout(30):
+            while store.clock.wall_us() < first + 1_300_000:
+                await asyncio.sleep(0.01)
+        assert "quick" in scheduler.supervisor.finishing
+        flaky.down = False
+        await until_signalled(
+            [scheduler],
+            lambda: (
+                [r.state for r in ledger(store, "quick") if r.slot_us <= first + 1_000_000]
+                == ["succeeded", "succeeded"]
+            ),
+        )
+    finally:
+        scheduler.stop()
+        await task
+
+    assert "skipped" not in states(store, "quick")
+
+
+async def test_an_outcome_waiting_for_its_next_try_goes_at_once_when_the_store_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = MemoryStore()
+    flaky = DownForOutcomes(store)
+    flaky.down = True
+    tries = 0
+    real = keepalive.finish_retry_pause_us
+
+    def long_pause(attempt: int, **times: int) -> int | None:
+        nonlocal tries
+        tries += 1
+        return None if real(attempt, **times) is None else 3_600_000_000  # an hour
+
+    monkeypatch.setattr(slot_lease, "finish_retry_pause_us", long_pause)
+    slot = _queue_one_run(store, "report")
+    scheduler = AsyncScheduler(
+        flaky, [spec("report", lambda ctx: None, every="1h")], SchedulerOptions(namespace=NS)
+    )
+    task = asyncio.create_task(scheduler.run())
+    try:
+        await until_signalled([scheduler], lambda: tries >= 1)
+        flaky.down = False
+        scheduler.supervisor.store_answered()
+        row = None
+
+        def recorded() -> bool:
+            nonlocal row
+            row = store.run(store.ops.run_get(NS, "report", slot))
+            return row is not None and row.state == "succeeded"
+
+        # Without the wake-up the next try would be an hour away.
+        await until_signalled([scheduler], recorded, timeout=20)
+    finally:
+        scheduler.stop()
+        await task
+    assert tries == 1
 
 
 async def test_a_one_time_job_whose_moment_passed_before_it_was_scheduled_is_said_so(

@@ -126,11 +126,22 @@ class Supervisor:
         self.running: dict[tuple[str, int], Running] = {}
         # Jobs whose sync function was abandoned after its cancellation and still runs.
         self.abandoned: dict[str, asyncio.Future[object]] = {}
+        # Jobs with an attempt whose run has ended and whose outcome is not recorded yet:
+        # their next exclusive slot is not claimed before it is (the store would find the
+        # job still running and the slot would be skipped behind this replica's own run).
+        self.finishing: dict[str, int] = {}
+        self._store_back = asyncio.Event()
         self.pings = AsyncPinger()
         self.finisher = FinishBatcher(store, options.namespace)
         # The reaper's stop points are CLOCK_MONOTONIC instants: a test's fake clock has
         # none to give it.
         self.reaper = Reaper() if Reaper.supported() and isinstance(clock, SystemClock) else None
+
+    def store_answered(self) -> None:
+        """The store answers again after failing: outcomes waiting for their next try are
+        sent now rather than at the end of their back-off."""
+        self._store_back.set()
+        self._store_back = asyncio.Event()
 
     def start(self, record: RunRecord, sent_us: int) -> None:
         """Run a claimed attempt; ``sent_us``: when its claim was sent (its lease's start)."""
@@ -247,6 +258,8 @@ class Supervisor:
                 timer.cancel()
         accepted: bool | None = None
         ran_s = (self.clock.monotonic_us() - started_us) / 1e6
+        job = spec.name
+        self.finishing[job] = self.finishing.get(job, 0) + 1
         try:
             accepted = await self._finish(entry, lease, outcome)
         except Exception:
@@ -258,6 +271,10 @@ class Supervisor:
                 extra={"action": "run_finish_failed", "job": spec.name},
             )
         finally:
+            if self.finishing[job] == 1:
+                del self.finishing[job]
+            else:
+                self.finishing[job] -= 1
             if self.metrics is not None:
                 # As the ledger has it: an outcome it refused was a lost lease.
                 final = "lost" if accepted is False else outcome.state
@@ -350,7 +367,7 @@ class Supervisor:
             )
 
         try:
-            accepted = await lease.finish(outcome, on_retry=retrying)
+            accepted = await lease.finish(outcome, on_retry=retrying, wake=lambda: self._store_back)
         except StoreError as exc:
             log.error(
                 "%s: could not record the outcome %s before the lease ended (%s); the "
