@@ -157,6 +157,20 @@ def _key(value: object, what: str) -> str:
         raise ConfigurationError(
             f"a {what} is at most {_MAX_KEY} characters, not {len(value)}: {value[:40]!r}…"
         )
+    # Refused on every database alike, so that a key that works on one works on all:
+    # PostgreSQL's text cannot hold a NUL, and a lone surrogate has no UTF-8 bytes.
+    nul = value.find("\x00")
+    if nul >= 0:
+        raise ConfigurationError(
+            f"a {what} cannot hold a NUL character: {value[:40]!r} has one at position {nul}"
+        )
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"a {what} is text that UTF-8 can encode, not {value[:40]!r} "
+            f"({exc.reason} at position {exc.start})"
+        ) from None
     return value
 
 

@@ -272,3 +272,32 @@ def test_bad_arguments_are_refused(call: Callable[[Any], None], says: str, tmp_p
 def test_an_unknown_connection_is_refused_by_name() -> None:
     with pytest.raises(ConfigurationError, match="sqlite3, psycopg 3, PyMySQL and SQLAlchemy"):
         fencing.check(object(), "r", 1)
+
+
+def _once(db: Db, conn: Any, key: str) -> bool:
+    with db.transaction(conn):
+        return fencing.once(conn, key)
+
+
+def _check(db: Db, conn: Any, resource: str, fence: int) -> None:
+    with db.transaction(conn):
+        fencing.check(conn, resource, fence)
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("invoice:\x00cust", "cannot hold a NUL character: .* at position 8"),
+        ("invoice:\ud800", "text that UTF-8 can encode"),
+    ],
+    ids=["nul", "lone-surrogate"],
+)
+def test_a_key_that_is_not_storable_text_is_refused_on_every_database(
+    db: Db, key: str, says: str
+) -> None:
+    conn = db.connect()
+    with pytest.raises(ConfigurationError, match=says):
+        _once(db, conn, key)
+    with pytest.raises(ConfigurationError, match=says):
+        _check(db, conn, key, 1)
+    assert _once(db, conn, f"after-{uuid.uuid4().hex[:6]}") is True, "the connection still works"
