@@ -19,19 +19,29 @@ Both take a DB-API connection of ``sqlite3``, psycopg 3 or PyMySQL, or a SQLAlch
 ``Connection``; they run on it and never commit or roll back (the transaction is yours).
 Their tables (``fleetcron_fence``, ``fleetcron_once``) are made by :func:`create_tables`
 (or by your migrations: :func:`table_sql` gives the statements).
+
+Resources and markers compare as exact text on every database: two keys that differ in
+case, accents or trailing spaces are two keys. On MySQL and MariaDB the keys are their
+UTF-8 bytes (``VARBINARY``), whatever the database's default collation or character set;
+tables made by an earlier fleetcron (``varchar`` in that collation) are refused until
+:func:`create_tables` upgrades them (:func:`upgrade_sql` gives the statements).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import weakref
 from typing import Any, Literal
 
 from fleetcron.errors import ConfigurationError, FleetcronError
 
-__all__ = ["StaleFence", "check", "create_tables", "once", "table_sql"]
+__all__ = ["StaleFence", "check", "create_tables", "once", "table_sql", "upgrade_sql"]
 
 Dialect = Literal["sqlite", "postgresql", "mysql"]
 _MAX_KEY = 255
+# UTF-8 takes at most 4 bytes a character: the MySQL column holds a key of _MAX_KEY.
+_MAX_KEY_BYTES = 4 * _MAX_KEY
+_KEY_COLUMNS = {"fleetcron_fence": "resource", "fleetcron_once": "marker"}
 
 
 class StaleFence(FleetcronError):
@@ -49,8 +59,12 @@ class StaleFence(FleetcronError):
 
 
 def table_sql(dialect: Dialect) -> list[str]:
-    """The statements that create the two tables on ``dialect`` (idempotent)."""
-    key = "text" if dialect != "mysql" else f"varchar({_MAX_KEY})"
+    """The statements that create the two tables on ``dialect`` (idempotent). Keys compare
+    byte for byte: ``text`` on SQLite and PostgreSQL (whose deterministic collations call
+    two strings equal only when their bytes are), ``VARBINARY`` of the UTF-8 bytes on
+    MySQL (a ``varchar`` would take the database's default collation, as a rule blind to
+    case and accents, often to trailing spaces, and maybe latin1)."""
+    key = f"varbinary({_MAX_KEY_BYTES})" if dialect == "mysql" else "text"
     fence = "INTEGER" if dialect == "sqlite" else "bigint"
     return [
         "CREATE TABLE IF NOT EXISTS fleetcron_fence ("
@@ -60,12 +74,38 @@ def table_sql(dialect: Dialect) -> list[str]:
     ]
 
 
+def upgrade_sql(dialect: Dialect) -> list[str]:
+    """The statements that give tables made by an earlier fleetcron exact keys on
+    ``dialect``, for your migrations (:func:`create_tables` runs them itself when they are
+    needed). Only MySQL has any: its key columns were ``varchar(255)`` in the database's
+    default collation. Run them once, on tables whose key columns are still ``varchar``;
+    existing keys stay findable, and each ``ALTER TABLE`` commits and copies its table."""
+    if dialect != "mysql":
+        return []
+    return [sql for table, column in _KEY_COLUMNS.items() for sql in _mysql_upgrade(table, column)]
+
+
+def _mysql_upgrade(table: str, column: str) -> list[str]:
+    return [
+        # Into UTF-8 first: the change to VARBINARY keeps the bytes as they are, and a
+        # latin1 key's bytes are not its UTF-8 bytes (it would never be found again).
+        f"ALTER TABLE {table} MODIFY {column} varchar({_MAX_KEY}) "
+        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL",
+        f"ALTER TABLE {table} MODIFY {column} varbinary({_MAX_KEY_BYTES}) NOT NULL",
+    ]
+
+
 def create_tables(conn: Any) -> None:
     """Create ``fleetcron_fence`` and ``fleetcron_once`` in the connection's database if
-    they do not exist (DDL: on MySQL it commits what the connection had pending)."""
+    they do not exist, and upgrade in place those an earlier fleetcron made with inexact
+    keys (MySQL: the statements of :func:`upgrade_sql`, one connection at a time;
+    existing keys stay findable). DDL: on MySQL it commits what the connection had
+    pending."""
     db = _Db(conn)
     for statement in table_sql(db.dialect):
         db.execute(statement, ())
+    if db.dialect == "mysql":
+        _upgrade_mysql(db)
 
 
 def _check_fence(fence: object) -> None:
@@ -78,18 +118,25 @@ def check(conn: Any, resource: str, fence: int) -> None:
     transaction: a fence at least as high as every one accepted before is recorded (the
     row stays locked until the transaction ends, so two holders cannot both pass); a
     lower one writes nothing and raises. The same fence passes again (one holder, many
-    writes)."""
+    writes). ``resource`` is compared exactly (case, accents and trailing spaces count);
+    on MySQL, tables an earlier fleetcron made are refused with
+    :class:`~fleetcron.errors.ConfigurationError` until :func:`create_tables` upgrades
+    them."""
     name = _key(resource, "resource")
     _check_fence(fence)
     db = _Db(conn)
     if db.dialect == "mysql":
+        _require_exact_keys(db)
+        key = _hex(name)
         # No RETURNING: the upsert takes the row lock; the read under it sees the outcome.
         db.execute(
-            "INSERT INTO fleetcron_fence (resource, fence) VALUES (%s, %s) "
+            "INSERT INTO fleetcron_fence (resource, fence) VALUES (UNHEX(%s), %s) "
             "ON DUPLICATE KEY UPDATE fence = GREATEST(fence, VALUES(fence))",
-            (name, fence),
+            (key, fence),
         )
-        highest = int(db.fetch("SELECT fence FROM fleetcron_fence WHERE resource = %s", (name,)))
+        highest = int(
+            db.fetch("SELECT fence FROM fleetcron_fence WHERE resource = UNHEX(%s)", (key,))
+        )
     else:
         mark = "?" if db.dialect == "sqlite" else "%s"
         row = db.fetch(
@@ -111,17 +158,20 @@ def check(conn: Any, resource: str, fence: int) -> None:
 def once(conn: Any, key: str, fence: int | None = None) -> bool:
     """Record the processed marker ``key`` in the caller's transaction; whether it is new.
     ``False``: the work it marks has committed already — skip it. Rolled back with the
-    transaction, so a crash before the commit leaves the work to be done again."""
+    transaction, so a crash before the commit leaves the work to be done again. ``key`` is
+    compared exactly, and refused on older MySQL tables, as :func:`check` does."""
     marker = _key(key, "marker")
     if fence is not None:
         _check_fence(fence)
     db = _Db(conn)
     if db.dialect == "mysql":
+        _require_exact_keys(db)
         # A failed statement does not end an InnoDB transaction, so the duplicate key is
         # the answer (never INSERT IGNORE, which would hide truncation too).
         try:
             db.execute(
-                "INSERT INTO fleetcron_once (marker, fence) VALUES (%s, %s)", (marker, fence)
+                "INSERT INTO fleetcron_once (marker, fence) VALUES (UNHEX(%s), %s)",
+                (_hex(marker), fence),
             )
         except Exception as exc:
             if _mysql_errno(exc) == _DUPLICATE_KEY:
@@ -157,7 +207,113 @@ def _key(value: object, what: str) -> str:
         raise ConfigurationError(
             f"a {what} is at most {_MAX_KEY} characters, not {len(value)}: {value[:40]!r}…"
         )
+    # Refused on every database alike, so that a key that works on one works on all:
+    # PostgreSQL's text cannot hold a NUL, and a lone surrogate has no UTF-8 bytes.
+    nul = value.find("\x00")
+    if nul >= 0:
+        raise ConfigurationError(
+            f"a {what} cannot hold a NUL character: {value[:40]!r} has one at position {nul}"
+        )
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"a {what} is text that UTF-8 can encode, not {value[:40]!r} "
+            f"({exc.reason} at position {exc.start})"
+        ) from None
     return value
+
+
+def _hex(key: str) -> str:
+    """``key``'s UTF-8 bytes as hex digits, for MySQL's ``UNHEX``: ASCII reads the same in
+    every connection character set, while a driver may send bytes as a string literal of
+    that character set (PyMySQL does, unless the connection has ``binary_prefix``)."""
+    return key.encode().hex()
+
+
+# The DB-API connections whose fence tables were seen to have exact keys: the look costs a
+# round trip, paid once per connection instead of on every check (weak: a connection
+# closed and collected leaves the set).
+_exact_keys: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _require_exact_keys(db: _Db) -> None:
+    """Refuse MySQL fence tables whose keys do not compare byte for byte (made by an
+    earlier fleetcron): they take keys that differ in case, accents or trailing spaces
+    for one, so a marker would call work done that never was."""
+    raw = db.dbapi_connection
+    if raw in _exact_keys:
+        return
+    columns = _mysql_key_columns(db)
+    loose = [
+        f"{table}.{_KEY_COLUMNS[table]} is {found}"
+        for table, found in sorted(columns.items())
+        if found is not None
+    ]
+    if loose:
+        raise ConfigurationError(
+            f"{', '.join(loose)}, not varbinary({_MAX_KEY_BYTES}): keys that differ in "
+            "case, accents or trailing spaces can be taken for one. "
+            "fleetcron.fencing.create_tables(conn) upgrades the tables in place and keeps "
+            "their keys (or run the statements of fleetcron.fencing.upgrade_sql('mysql'); "
+            "docs/idempotency.md)"
+        )
+    if len(columns) == len(_KEY_COLUMNS):  # a missing table is not remembered as sound
+        _exact_keys.add(raw)
+
+
+def _mysql_key_columns(db: _Db) -> dict[str, str | None]:
+    """The key column of each fence table in the connection's database: ``None`` where
+    it compares exactly, else what it is (``varchar(255) in latin1_swedish_ci``); a
+    table that does not exist is left out."""
+    rows = db.rows(
+        "SELECT TABLE_NAME, COLUMN_NAME, DATA_TYPE, CHARACTER_MAXIMUM_LENGTH, COLUMN_TYPE, "
+        "COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+        "AND TABLE_NAME IN ('fleetcron_fence', 'fleetcron_once') "
+        "AND COLUMN_NAME IN ('resource', 'marker')",
+        (),
+    )
+    columns: dict[str, str | None] = {}
+    for table, column, data_type, length, column_type, collation in map(_texts, rows):
+        if _KEY_COLUMNS.get(table) != column:
+            continue
+        if data_type == "varbinary" and int(length) >= _MAX_KEY_BYTES:
+            columns[table] = None
+        else:
+            columns[table] = f"{column_type} in {collation}" if collation else column_type
+    return columns
+
+
+def _texts(row: Any) -> list[Any]:
+    # Some servers declare information_schema's text binary, and drivers answer bytes.
+    return [bytes(v).decode() if isinstance(v, bytes | bytearray) else v for v in row]
+
+
+_UPGRADE_LOCK = "fleetcron.fencing.upgrade"
+_UPGRADE_WAIT_S = 600
+
+
+def _upgrade_mysql(db: _Db) -> None:
+    """Bring fence tables made by an earlier fleetcron to exact keys, one connection at a
+    time (a named lock): a second upgrader that had looked before the first one finished
+    would take the finished column back through ``varchar``, where keys written since
+    can collide."""
+    if all(found is None for found in _mysql_key_columns(db).values()):
+        _exact_keys.add(db.dbapi_connection)
+        return
+    if db.fetch("SELECT GET_LOCK(%s, %s)", (_UPGRADE_LOCK, _UPGRADE_WAIT_S)) != 1:
+        raise FleetcronError(
+            f"the fence tables were not upgraded: the lock {_UPGRADE_LOCK!r} was not free "
+            f"within {_UPGRADE_WAIT_S} s (another connection's upgrade still running?)"
+        )
+    try:
+        for table, found in _mysql_key_columns(db).items():  # again, under the lock
+            if found is not None:
+                for statement in _mysql_upgrade(table, _KEY_COLUMNS[table]):
+                    db.execute(statement, ())
+    finally:
+        db.execute("DO RELEASE_LOCK(%s)", (_UPGRADE_LOCK,))
+    _exact_keys.add(db.dbapi_connection)
 
 
 class _Db:
@@ -176,6 +332,23 @@ class _Db:
         try:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    @property
+    def dbapi_connection(self) -> Any:
+        """The driver's own connection (a SQLAlchemy ``Connection`` wraps a pooled one that
+        outlives it)."""
+        return self.conn.connection.dbapi_connection if self.sqlalchemy else self.conn
+
+    def rows(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """Run ``sql``; all its rows."""
+        if self.sqlalchemy:
+            return list(self.conn.exec_driver_sql(sql, params))
+        cursor = self.conn.cursor()
+        try:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
         finally:
             cursor.close()
 
