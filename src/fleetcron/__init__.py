@@ -17,6 +17,7 @@ from fleetcron.errors import (
     SchemaError,
     StoreError,
     StoreRefused,
+    StoreReplaced,
     StoreUnavailable,
 )
 from fleetcron.fleet import AsyncFleet, Fleet
@@ -54,6 +55,7 @@ __all__ = [
     "SchemaError",
     "StoreError",
     "StoreRefused",
+    "StoreReplaced",
     "StoreUnavailable",
     "SystemClock",
     "__version__",

@@ -8,7 +8,8 @@ Every error fleetcron raises derives from :class:`FleetcronError`, so
     ├── StoreError              the store failed; the driver's exception is in ``__cause__``
     │   ├── StoreUnavailable    cannot connect, or the connection broke (retryable)
     │   ├── StoreRefused        the store refused this client: credentials, permissions,
-    │   │                       no such database, not a database (not retryable)
+    │   │   │                   no such database, not a database (not retryable)
+    │   │   └── StoreReplaced   the SQLite file was deleted or replaced since it was opened
     │   └── SchemaError         the schema is missing, newer than this code, or broken
     ├── LockError               carries ``name``
     │   ├── LockBusy            another holder has the lease (``lock()`` only)
@@ -30,6 +31,7 @@ __all__ = [
     "SchemaError",
     "StoreError",
     "StoreRefused",
+    "StoreReplaced",
     "StoreUnavailable",
 ]
 
@@ -61,6 +63,13 @@ class StoreUnavailable(StoreError):
 class StoreRefused(StoreError):
     """The store refused this client: wrong credentials, missing permissions, no such
     database, or a file that is not a database. Trying again will not help."""
+
+
+class StoreReplaced(StoreRefused):
+    """The store this process opened is no longer the one its URL names: the SQLite file
+    at the path was deleted, renamed away or replaced by another file since it was opened.
+    Nothing more is done in the file the process holds — the rest of the fleet no longer
+    sees it; a new process opens whatever is at the path now."""
 
 
 class SchemaError(StoreError):

@@ -19,10 +19,12 @@ from fleetcron.errors import (
     SchemaError,
     StoreError,
     StoreRefused,
+    StoreReplaced,
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, Operation, SqlResult, drive
 from fleetcron.stores.sql.runner import SqlSyncStore, store_error
+from fleetcron.stores.sql.sqlite_file import DatabaseFile
 from fleetcron.stores.sql.sqlite_operations import SqliteOperations
 from fleetcron.stores.url import StoreURL
 
@@ -165,7 +167,10 @@ def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
 
 
 class SqliteStore(SqlSyncStore):
-    """Sync SQLite store; all processes on one host share the database file."""
+    """Sync SQLite store; all processes on one host share the database file.
+
+    Every call raises :class:`~fleetcron.errors.StoreReplaced` once the path no longer
+    names the file the store opened (:mod:`fleetcron.stores.sql.sqlite_file`)."""
 
     dialect = "sqlite"
     capabilities = Capability.PERSISTENT
@@ -175,6 +180,7 @@ class SqliteStore(SqlSyncStore):
     ) -> None:
         assert url.path is not None
         self.path = check_sqlite_path(url.path, create_parent=create_parent)
+        self.file = DatabaseFile(self.path)
         self._in_operation = False
         super().__init__(url, auto_migrate=auto_migrate)
 
@@ -182,6 +188,7 @@ class SqliteStore(SqlSyncStore):
         return SqliteOperations()
 
     def _connect(self) -> Any:
+        self.file.check()  # never a connection again once the path names another file
         conn = sqlite3.connect(
             self.path,
             timeout=self._url.timeout_s,
@@ -189,6 +196,9 @@ class SqliteStore(SqlSyncStore):
             check_same_thread=False,  # guarded by the store's lock
         )
         try:
+            # SQLite has just opened the file: the one the path names now (the stat comes
+            # microseconds later).
+            self.file.opened()
             conn.execute(f"PRAGMA busy_timeout = {max(1, round(self._url.timeout_s * 1000))}")
             _set_wal(conn, self._url.timeout_s)
             # FULL: a fence handed out must survive a power cut, or it could be issued twice.
@@ -203,6 +213,7 @@ class SqliteStore(SqlSyncStore):
             cur = conn.execute(sql, params)
             rows = cur.fetchall() if cur.description is not None else []
             return SqlResult(rows=rows, rowcount=cur.rowcount)
+        self._check_file()
         # BEGIN IMMEDIATE takes the write lock up front, so busy_timeout applies; a
         # DEFERRED read-then-write would fail at once with SQLITE_BUSY instead of waiting.
         conn.execute("BEGIN IMMEDIATE")
@@ -214,12 +225,14 @@ class SqliteStore(SqlSyncStore):
         except BaseException:
             _roll_back(conn)
             raise
+        self._check_file()
         return SqlResult(rows=rows, rowcount=rowcount)
 
     def run(self, operation: Operation[T]) -> T:
         """Carry out ``operation`` in one ``BEGIN IMMEDIATE`` transaction: its statements
         read and write rows atomically, whatever other processes do meanwhile."""
         with self._lock:
+            self._check_file()
             conn = self._connection()
             self._in_operation = True
             try:
@@ -232,7 +245,19 @@ class SqliteStore(SqlSyncStore):
                 raise
             finally:
                 self._in_operation = False
+            # Replaced while the transaction ran: what it decided (a claim, a lease) holds
+            # in a file the fleet no longer sees, so the caller must not act on it.
+            self._check_file()
             return result
+
+    def _check_file(self) -> None:
+        """Go no further once the path no longer names the file this store opened; its
+        connection is closed (no checkpoint: SQLite sees the file has moved)."""
+        try:
+            self.file.check()
+        except StoreReplaced:
+            self._discard()
+            raise
 
     def _sqlite(self, conn: sqlite3.Connection, sql: str) -> None:
         try:
@@ -249,6 +274,7 @@ class SqliteStore(SqlSyncStore):
         return error
 
     def _migrate_locked(self) -> list[str]:
+        self._check_file()
         conn = self._connection()
         applied: list[str] = []
         try:
