@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from fleetcron._log import log
 from fleetcron.alerts import AlertSender
 from fleetcron.clock import SYSTEM_CLOCK, Clock
-from fleetcron.errors import ConfigurationError, StoreError
+from fleetcron.errors import ConfigurationError, StoreError, StoreReplaced
 from fleetcron.jobspec import JobSpec
 from fleetcron.keepalive import backoff_s
 from fleetcron.lease import new_holder
@@ -63,6 +63,7 @@ from fleetcron.scheduling.planning import (
 )
 from fleetcron.scheduling.queues import QueueSpec, QueueWorkers
 from fleetcron.scheduling.recovery import RECOVERY_EVERY_S, Recovery
+from fleetcron.scheduling.replacement import ReplacedWatch
 from fleetcron.scheduling.retention import DEFAULT_RETENTION_S
 from fleetcron.scheduling.supervision import ABANDONED_REASON, Supervisor, SupervisorOptions
 from fleetcron.stores.base import AsyncStore
@@ -197,6 +198,10 @@ class AsyncScheduler:
             store = InstrumentedStore(store, metrics)
             for spec in jobs:
                 metrics.job_defined(spec.name, spec.lock_at_most_us)
+        # Every part of the replica calls the store through it: a store replaced under
+        # the replica stops the whole replica, whichever part meets it first.
+        self._replacement = ReplacedWatch(store, on_replaced=self.stop)
+        store = self._replacement
         self.store = store
         self.ops = store.ops
         self.specs = {spec.name: spec for spec in jobs}
@@ -326,7 +331,11 @@ class AsyncScheduler:
         return dict(self.definitions.replaced)
 
     async def run(self) -> None:
-        """Run until :meth:`stop`; then drain and return."""
+        """Run until :meth:`stop`; then drain and return.
+
+        Raises :class:`~fleetcron.errors.StoreReplaced` when the store turned out to be
+        replaced under the replica (a SQLite file deleted or replaced): the replica has
+        stopped claiming at once and drained its runs in flight, as on :meth:`stop`."""
         await self._register()
         await self.heartbeat.beat()  # up in the replica table by the time it has started
         self.heartbeat.start()
@@ -352,6 +361,8 @@ class AsyncScheduler:
                     )
             finally:
                 await self.heartbeat.leave()
+        if self._replacement.error is not None:
+            raise StoreReplaced(self._replacement.error.message)
 
     async def reload(self, jobs: Sequence[JobSpec]) -> Reload:
         """Take a new set of job definitions while running (``fleetcron run`` on SIGHUP).
@@ -584,6 +595,8 @@ class AsyncScheduler:
                 async with self._reloading:
                     await self._tick(loop.time())
                 self.outage.ended(loop.time())
+            except StoreReplaced:
+                pass  # not an outage: said once by the watch, which stopped the loop
             except StoreError as exc:
                 self.outage.failed(exc, loop.time())
                 self._synced_us = None  # the first pass after an outage reads the clock

@@ -1,9 +1,13 @@
 """A SQLite file deleted or replaced under a process that has it open: the store refuses
-every call from then on (it would work in a file nobody else sees)."""
+every call from then on (it would work in a file nobody else sees), and a scheduler that
+meets it says so once, stops claiming and raises it."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,10 +15,13 @@ import pytest
 
 from fleetcron import Fleet
 from fleetcron.errors import StoreReplaced
+from fleetcron.jobspec import job_spec
 from fleetcron.models import LeaseRecord, SlotClaim
+from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores import open_store, parse_store_url
 from fleetcron.stores.base import Operation
 from fleetcron.stores.sql.sqlite import SqliteStore
+from fleetcron.stores.threaded import ThreadedAsyncStore
 
 NS = "replaced"
 SAID = "was deleted or replaced since this process opened it"
@@ -129,3 +136,45 @@ def test_the_lock_api_refuses_a_replaced_store(store: SqliteStore, db: Path) -> 
         pass
     _remove_with_side_files(db)
     _refused(lambda: fleet.try_lock("report", lock_at_most="10s"), GONE)
+
+
+async def test_a_scheduler_whose_file_is_deleted_says_so_once_stops_claiming_and_raises(
+    db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: list[int] = []  # the slots run (SQLite's clock is this host's)
+
+    tick = job_spec(
+        "tick",
+        where="test",
+        call=lambda ctx: ran.append(ctx.slot_us),
+        every="100ms",
+        lock_at_most="1s",
+    )
+    options = SchedulerOptions(namespace=NS, shutdown_grace_s=2.0, kill_grace_s=0.2)
+    scheduler = AsyncScheduler(ThreadedAsyncStore(_open(db)), [tick], options)
+    with caplog.at_level(logging.DEBUG, logger="fleetcron"):
+        task = asyncio.create_task(scheduler.run())
+        try:
+            async with asyncio.timeout(20):
+                while len(ran) < 2:
+                    await asyncio.sleep(0.02)
+            _remove_with_side_files(db)
+            deleted_us = time.time_ns() // 1000
+            async with asyncio.timeout(10):
+                with pytest.raises(StoreReplaced, match=SAID):
+                    await task
+        finally:
+            scheduler.stop()
+            if not task.done():
+                await asyncio.wait([task], timeout=10)
+            await scheduler.store.close()
+
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    replaced = [r for r in caplog.records if getattr(r, "action", None) == "store_replaced"]
+    assert len(replaced) == 1, actions
+    assert replaced[0].levelno == logging.ERROR
+    assert str(db) in replaced[0].getMessage()
+    assert "store_unavailable" not in actions  # not an outage, retried for ever
+    # A slot due after the file went could only be claimed after: none was.
+    assert max(ran) <= deleted_us, (ran, deleted_us)
+    assert not db.exists()

@@ -25,7 +25,7 @@ from fleetcron._log import log
 from fleetcron.checkpoint import Checkpoint
 from fleetcron.clock import Clock, SystemClock
 from fleetcron.context import RunContext
-from fleetcron.errors import StoreError
+from fleetcron.errors import StoreError, StoreReplaced
 from fleetcron.executor import Cancellation, StopPolicy, execute
 from fleetcron.jobspec import CommandTarget, JobSpec
 from fleetcron.keepalive import effective_grace_us
@@ -368,6 +368,15 @@ class Supervisor:
 
         try:
             accepted = await lease.finish(outcome, on_retry=retrying, wake=lambda: self._store_back)
+        except StoreReplaced as exc:
+            log.warning(
+                "%s: outcome %s not recorded: %s",
+                spec.name,
+                outcome.state,
+                exc,
+                extra={"action": "run_finish_failed", "job": spec.name},
+            )
+            return None
         except StoreError as exc:
             log.error(
                 "%s: could not record the outcome %s before the lease ended (%s); the "
