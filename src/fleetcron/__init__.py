@@ -16,6 +16,7 @@ from fleetcron.errors import (
     RunCancelled,
     SchemaError,
     StoreError,
+    StoreMissing,
     StoreRefused,
     StoreUnavailable,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Scheduler",
     "SchemaError",
     "StoreError",
+    "StoreMissing",
     "StoreRefused",
     "StoreUnavailable",
     "SystemClock",

@@ -8,7 +8,8 @@ Every error fleetcron raises derives from :class:`FleetcronError`, so
     ├── StoreError              the store failed; the driver's exception is in ``__cause__``
     │   ├── StoreUnavailable    cannot connect, or the connection broke (retryable)
     │   ├── StoreRefused        the store refused this client: credentials, permissions,
-    │   │                       no such database, not a database (not retryable)
+    │   │   │                   no such database, not a database (not retryable)
+    │   │   └── StoreMissing    no fleetcron store there yet, and the command creates none
     │   └── SchemaError         the schema is missing, newer than this code, or broken
     ├── LockError               carries ``name``
     │   ├── LockBusy            another holder has the lease (``lock()`` only)
@@ -29,6 +30,7 @@ __all__ = [
     "RunCancelled",
     "SchemaError",
     "StoreError",
+    "StoreMissing",
     "StoreRefused",
     "StoreUnavailable",
 ]
@@ -61,6 +63,13 @@ class StoreUnavailable(StoreError):
 class StoreRefused(StoreError):
     """The store refused this client: wrong credentials, missing permissions, no such
     database, or a file that is not a database. Trying again will not help."""
+
+
+class StoreMissing(StoreRefused):
+    """There is no fleetcron store at the URL — no SQLite file, or a database without
+    fleetcron's tables — and the command only uses one that exists: a command that only
+    reads (``status``, ``runs``, ``locks``, ``web``…) never creates a store, so a mistyped
+    URL is said instead of answered from an empty store made for the occasion."""
 
 
 class SchemaError(StoreError):
