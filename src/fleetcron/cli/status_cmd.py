@@ -4,9 +4,10 @@ Usable from a plain monitor on any host that reaches the store (Nagios, a Kubern
 probe, a cron line): ``--check`` exits 1 when a selected job is overdue, failing or
 stuck, 75 when the store cannot be reached.
 
-A dead man's switch must not pass on a typo: a job the store does not know is exit 2, and
-so is a namespace that holds nothing (no job, replica, queue or lease) and, for
-``--check``, one with no job to judge.
+A dead man's switch must not pass on a typo. ``status`` reads the store as it is and never
+creates one (78: no store there); a job it does not know is exit 2, and so is a namespace
+that holds nothing (no job, replica, queue or lease) and, for ``--check``, one with no job
+to judge.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from fleetcron.models import display_holder
 from fleetcron.names import validate_job_name
 from fleetcron.schedules import iso_utc
 from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, iso, read_status, status_json
-from fleetcron.stores import SyncStore, open_store, resolve_backend
+from fleetcron.stores import SyncStore, open_existing_store, resolve_backend
 from fleetcron.terms import NAMESPACE_ENV, resolve_namespace
 
 __all__ = ["add_parser", "run"]
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     explicit = getattr(args, "namespace", None)
     namespace = resolve_namespace(explicit)
     chosen = explicit is not None or bool(os.environ.get(NAMESPACE_ENV))
-    store = open_store(resolve_backend(getattr(args, "backend", None)))
+    store = open_existing_store(resolve_backend(getattr(args, "backend", None)))
     problem = None
     try:
         status = store.run(read_status(store.ops, namespace, jobs or None))
