@@ -20,7 +20,7 @@ from typing import Literal
 
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import format_duration
-from fleetcron.errors import ConfigurationError, StoreError, StoreUnavailable
+from fleetcron.errors import ConfigurationError, StoreError, StoreMissing, StoreUnavailable
 from fleetcron.jobspec import JobSpec
 from fleetcron.models import JobRecord, ReplicaRecord, display_holder
 from fleetcron.schedules import (
@@ -55,6 +55,7 @@ __all__ = [
     "diagnose",
     "dst_effects",
     "gather",
+    "missing_store",
     "pooling_mode",
 ]
 
@@ -237,6 +238,30 @@ def diagnose(facts: Facts) -> list[Finding]:
     return findings
 
 
+def missing_store(
+    kind: str,
+    url: str,
+    error: StoreMissing,
+    specs: Sequence[JobSpec] = (),
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+) -> list[Finding]:
+    """The findings when there is no store at ``url`` to examine (no SQLite file): a
+    failure — the doctor reads a store and never creates one — then the checks of
+    ``specs`` (a jobs file's) that need no store, judged on this host's clock."""
+    store = Finding(
+        level="fail",
+        check="store",
+        message=f"{kind} at {url}: {error.message}",
+        advice="the schema, the clock, the ledger and the replicas were not checked; if "
+        "the store should be there, check the backend URL (--backend, $FLEETCRON_BACKEND, "
+        "the jobs file's backend)",
+    )
+    now = clock.wall_us()
+    jobs = [_job_facts(_spec_terms(spec, False), now, None, None) for spec in specs]
+    return [store, *(finding for job in jobs for finding in _job(job))]
+
+
 def _d(micros: int) -> str:
     return format_duration(micros)
 
@@ -283,8 +308,10 @@ def _schema(facts: Facts) -> list[Finding]:
             level="warn",
             check="schema",
             message=f"{found}; the jobs, ledger and replicas were not read",
-            advice="the first fleetcron of this version to use the store creates or upgrades "
-            "it; run `fleetcron migrate` to do it now, ahead of a deploy",
+            advice="the first replica of this version (`fleetcron run`, `exec`, the library) "
+            "creates or upgrades it, and the commands that only read (`status`, `runs`, "
+            "`locks`, `web`) refuse the store until then; run `fleetcron migrate` to do it "
+            "now, ahead of a deploy",
         )
     ]
 

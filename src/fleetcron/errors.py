@@ -9,7 +9,8 @@ Every error fleetcron raises derives from :class:`FleetcronError`, so
     │   ├── StoreUnavailable    cannot connect, or the connection broke (retryable)
     │   ├── StoreRefused        the store refused this client: credentials, permissions,
     │   │   │                   no such database, not a database (not retryable)
-    │   │   └── StoreReplaced   the SQLite file was deleted or replaced since it was opened
+    │   │   ├── StoreReplaced   the SQLite file was deleted or replaced since it was opened
+    │   │   └── StoreMissing    no fleetcron store there yet, and the command creates none
     │   └── SchemaError         the schema is missing, newer than this code, or broken
     ├── LockError               carries ``name``
     │   ├── LockBusy            another holder has the lease (``lock()`` only)
@@ -30,6 +31,7 @@ __all__ = [
     "RunCancelled",
     "SchemaError",
     "StoreError",
+    "StoreMissing",
     "StoreRefused",
     "StoreReplaced",
     "StoreUnavailable",
@@ -70,6 +72,13 @@ class StoreReplaced(StoreRefused):
     at the path was deleted, renamed away or replaced by another file since it was opened.
     Nothing more is done in the file the process holds — the rest of the fleet no longer
     sees it; a new process opens whatever is at the path now."""
+
+
+class StoreMissing(StoreRefused):
+    """There is no fleetcron store at the URL — no SQLite file, or a database without
+    fleetcron's tables — and the command only uses one that exists: a command that only
+    reads (``status``, ``runs``, ``locks``, ``web``…) never creates a store, so a mistyped
+    URL is said instead of answered from an empty store made for the occasion."""
 
 
 class SchemaError(StoreError):

@@ -1578,6 +1578,21 @@ def test_job_list_returns_the_namespaces_jobs_sorted_by_name(ledger: Ledger) -> 
     assert [row.job for row in ledger.elsewhere().jobs()] == ["aardvark"]
 
 
+def test_job_namespaces_are_the_namespaces_that_hold_a_job_row(ledger: Ledger) -> None:
+    (slot,) = ledger.past_slots(1)
+    odd = Ledger(ledger.store, f"{ledger.namespace}:{{3:x}}:job ☃")  # a key's characters
+    assert ledger.register("job", "{}", "fp") is None
+    odd.must_claim("first-seen-by-a-claim", slot)
+    leases_only = Ledger(ledger.store, f"{ledger.namespace}-leases")
+    must_acquire(leases_only.store, leases_only.namespace, "lock", "holder")
+
+    found = ledger.store.run(ledger.ops.job_namespaces())
+
+    assert found == sorted(set(found))
+    mine = [ns for ns in found if ns.startswith(ledger.namespace)]
+    assert mine == sorted([ledger.namespace, odd.namespace])  # a namespace of leases is not
+
+
 def test_store_now_is_the_clock_the_records_carry(ledger: Ledger) -> None:
     (slot,) = ledger.past_slots(1)
     first = ledger.now()

@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from fleetcron import AsyncFleet, Fleet, SchemaError
-from fleetcron.stores import SyncStore, open_store, parse_store_url
+from fleetcron import AsyncFleet, Fleet, SchemaError, StoreMissing
+from fleetcron.stores import (
+    SyncStore,
+    open_async_store,
+    open_existing_store,
+    open_store,
+    parse_store_url,
+)
 from fleetcron.stores.sql.files import load_migrations
 
 SQL_BACKENDS = pytest.mark.parametrize(
@@ -130,6 +136,30 @@ def test_a_schema_newer_than_this_code_is_refused_at_open(fresh_url: str) -> Non
 
     with pytest.raises(SchemaError, match="newer"):
         open_store(parse_store_url(fresh_url))
+
+
+@SQL_BACKENDS
+async def test_a_store_opened_as_it_is_is_neither_created_nor_upgraded(fresh_url: str) -> None:
+    url = parse_store_url(fresh_url)
+    with pytest.raises(StoreMissing, match="no fleetcron store"):
+        open_existing_store(url)
+    with pytest.raises(StoreMissing, match="no fleetcron store"):
+        await open_async_store(url, existing=True)
+    if url.path is not None:
+        assert not url.path.exists()  # SQLite: not even the file
+    else:
+        with contextlib.closing(open_store(url, create=False)) as empty:
+            assert empty.schema_version() == 0  # type: ignore[attr-defined]
+
+    with contextlib.closing(open_store(url)) as store:
+        latest = store.schema_version()  # type: ignore[attr-defined]
+        store.execute_text(f"DELETE FROM fleetcron_schema WHERE version = {latest}")  # type: ignore[attr-defined]
+    with pytest.raises(SchemaError, match="older than this fleetcron's"):
+        open_existing_store(url)
+    with pytest.raises(SchemaError, match="older than this fleetcron's"):
+        await open_async_store(url, existing=True)
+    with contextlib.closing(open_store(url, create=False)) as older:
+        assert older.schema_version() == latest - 1  # type: ignore[attr-defined]
 
 
 @SQL_BACKENDS

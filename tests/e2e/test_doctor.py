@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def test_doctor_exits_0_for_a_healthy_deployment_with_a_replica_up(cli: Cli) -> 
 def test_doctor_exits_1_with_a_fail_line_for_a_lock_at_least_that_skips_every_other_slot(
     cli: Cli,
 ) -> None:
+    assert cli.run("migrate").returncode == 0  # the doctor never creates a store
     result = cli.run("doctor", jobs_file(cli, SKIPS_SLOTS))
 
     assert result.returncode == 1, result.stdout + result.stderr
@@ -89,6 +91,7 @@ def test_doctor_exits_1_with_a_fail_line_for_a_lock_at_least_that_skips_every_ot
 
 
 def test_doctor_json_has_every_finding_and_the_verdict(sqlite_cli: Cli) -> None:
+    assert sqlite_cli.run("migrate").returncode == 0
     result = sqlite_cli.run("doctor", jobs_file(sqlite_cli, SKIPS_SLOTS), "--json")
 
     assert result.returncode == 1, result.stderr
@@ -105,6 +108,9 @@ def test_doctor_json_has_every_finding_and_the_verdict(sqlite_cli: Cli) -> None:
 def test_doctor_reports_a_store_without_schema_as_a_warning_and_does_not_create_it(
     sqlite_cli: Cli,
 ) -> None:
+    database = sqlite3.connect(sqlite_cli.workdir / "fleetcron.db")  # a database, no schema
+    database.execute("CREATE TABLE other (x)")
+    database.close()
     result = sqlite_cli.run("doctor")
 
     assert result.returncode == 0, result.stderr
@@ -113,6 +119,23 @@ def test_doctor_reports_a_store_without_schema_as_a_warning_and_does_not_create_
     ]
     again = sqlite_cli.run("doctor")
     assert "not created yet" in again.stdout  # the doctor did not migrate
+
+
+def test_doctor_fails_on_a_missing_sqlite_store_without_creating_it_and_checks_the_jobs(
+    sqlite_cli: Cli,
+) -> None:
+    database = sqlite_cli.workdir / "fleetcron.db"
+    result = sqlite_cli.run("doctor", jobs_file(sqlite_cli, SKIPS_SLOTS))
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert lines(result, "fail") == [
+        f"fail  store: sqlite at sqlite://{database}: no fleetcron store at {database}: the "
+        "file does not exist (start a replica or run `fleetcron migrate` to create it)",
+        "fail  job report (lock_at_least): 1m is not shorter than the shortest interval of "
+        "the schedule, 1m",
+    ]
+    assert result.stderr == ""
+    assert not database.exists()
 
 
 def _closed_port() -> int:

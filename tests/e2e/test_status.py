@@ -74,6 +74,7 @@ def test_status_check_sees_failing_and_overdue_jobs_from_the_store_alone(
 
 
 def test_status_names_an_unknown_job_and_an_unreachable_store(sqlite_cli: Cli) -> None:
+    assert sqlite_cli.run("migrate").returncode == 0  # status never creates a store
     unknown = sqlite_cli.run("status", "--check", "nosuch")
     assert unknown.returncode == EXIT_USAGE
     assert "no job named nosuch" in unknown.stderr

@@ -2,8 +2,9 @@
 
 Each line is ``ok``, ``warn`` or ``fail``, what was checked and what was found; a finding
 with advice has it on the next line, indented. Exits 0 when no check failed, 1 when one
-did, 75 when the store cannot be reached, 2 for bad usage (a jobs file ``fleetcron run``
-could not even read). The checks are in :mod:`fleetcron.doctor`.
+did (a store that is not there is one: the doctor never creates it), 75 when the store
+cannot be reached, 2 for bad usage (a jobs file ``fleetcron run`` could not even read).
+The checks are in :mod:`fleetcron.doctor`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,19 @@ from pathlib import Path
 from typing import TypeVar
 
 from fleetcron.cli.exitcodes import EXIT_UNHEALTHY
-from fleetcron.doctor import LEVELS, Finding, definition_failures, diagnose, gather
-from fleetcron.errors import ConfigurationError
+from fleetcron.doctor import (
+    LEVELS,
+    Finding,
+    definition_failures,
+    diagnose,
+    gather,
+    missing_store,
+)
+from fleetcron.errors import ConfigurationError, StoreMissing
 from fleetcron.jobsfile import _read_limited, _settings, load_jobs_file
 from fleetcron.jobspec import JobBuilder, JobSpec, check_job_name, unique_jobs
 from fleetcron.names import validate_namespace
-from fleetcron.stores import open_store, resolve_backend
+from fleetcron.stores import StoreURL, open_store, resolve_backend
 from fleetcron.terms import NAMESPACE_ENV
 
 __all__ = ["CheckedFile", "add_parser", "load_jobs", "render", "run"]
@@ -160,25 +168,36 @@ def render(findings: Sequence[Finding]) -> list[str]:
     return lines
 
 
-def run(args: argparse.Namespace) -> int:
-    """Gather, diagnose, print; exit 1 when a check failed."""
-    checked = load_jobs(args.jobs_file) if args.jobs_file is not None else None
-    namespace = _namespace(args, checked.namespace if checked else None)
-    url = resolve_backend(getattr(args, "backend", None), checked.backend if checked else None)
-    # Never migrate: the doctor reports the schema's version, it does not change it.
-    store = open_store(url, auto_migrate=False)
+def _examine(
+    url: StoreURL, namespace: str, checked: CheckedFile | None, jobs_file: str | None
+) -> list[Finding]:
+    """The findings of the store at ``url``, opened as it is: the doctor reports the
+    schema's version and never changes it, and a store that is not there is a failed
+    check, not a store made for the occasion."""
+    try:
+        store = open_store(url, create=False)
+    except StoreMissing as missing:
+        return missing_store(url.kind, url.redacted, missing, checked.specs if checked else ())
     try:
         facts = gather(
             store,
             kind=url.kind,
             namespace=namespace,
             specs=checked.specs if checked else None,
-            jobs_file=args.jobs_file,
+            jobs_file=jobs_file,
             compare_definitions=checked.exact if checked else False,
         )
     finally:
         store.close()
-    findings = diagnose(facts)
+    return diagnose(facts)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Gather, diagnose, print; exit 1 when a check failed."""
+    checked = load_jobs(args.jobs_file) if args.jobs_file is not None else None
+    namespace = _namespace(args, checked.namespace if checked else None)
+    url = resolve_backend(getattr(args, "backend", None), checked.backend if checked else None)
+    findings = _examine(url, namespace, checked, args.jobs_file)
     failed = any(finding.level == "fail" for finding in findings)
     if args.json:
         document = {

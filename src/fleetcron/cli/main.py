@@ -7,12 +7,13 @@ and a non-zero exit before any state is touched.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from fleetcron import __version__
@@ -30,6 +31,7 @@ from fleetcron.errors import (
     FleetcronError,
     SchemaError,
     StoreError,
+    StoreMissing,
     StoreRefused,
     StoreUnavailable,
 )
@@ -39,7 +41,12 @@ from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
 from fleetcron.scheduling.retention import COUNT_LIMIT
 from fleetcron.status import shown_leases
-from fleetcron.stores import open_store, read_backend_file, resolve_backend
+from fleetcron.stores import (
+    open_existing_store,
+    open_store,
+    read_backend_file,
+    resolve_backend,
+)
 from fleetcron.terms import DEFAULT_LOCK_AT_MOST, resolve_namespace
 
 __all__ = ["main"]
@@ -247,10 +254,17 @@ def _namespace(args: argparse.Namespace) -> str:
     return resolve_namespace(explicit)
 
 
-def _fleet(args: argparse.Namespace) -> Fleet:
+@contextlib.contextmanager
+def _fleet(args: argparse.Namespace) -> Iterator[Fleet]:
+    """A fleet over the store as it is: ``locks`` and ``prune`` never create one (see
+    open_existing_store)."""
     namespace = _namespace(args)
-    url = resolve_backend(getattr(args, "backend", None))
-    return Fleet(open_store(url), namespace=namespace)
+    store = open_existing_store(resolve_backend(getattr(args, "backend", None)))
+    try:
+        with Fleet(store, namespace=namespace) as fleet:
+            yield fleet
+    finally:
+        store.close()
 
 
 def _print_locks(records: list[LeaseRecord], as_json: bool) -> None:
@@ -491,6 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"fleetcron: store unavailable: {exc.message}", file=sys.stderr)  # noqa: T201
         return EXIT_STORE_UNAVAILABLE
+    except StoreMissing as exc:
+        print(f"fleetcron: {exc.message}", file=sys.stderr)  # noqa: T201
+        return EXIT_STORE_REFUSED
     except (StoreRefused, SchemaError) as exc:
         print(f"fleetcron: store refused: {exc.message}", file=sys.stderr)  # noqa: T201
         return EXIT_STORE_REFUSED

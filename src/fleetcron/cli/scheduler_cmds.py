@@ -24,7 +24,7 @@ from fleetcron.models import RunRecord, micros_to_datetime
 from fleetcron.names import validate_job_name, validate_namespace
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.schedules import from_datetime, schedule_from_definition
-from fleetcron.stores import open_async_store, open_store, resolve_backend
+from fleetcron.stores import open_async_store, open_existing_store, resolve_backend
 from fleetcron.terms import NAMESPACE_ENV
 
 __all__ = [
@@ -293,7 +293,7 @@ def run_runs(args: argparse.Namespace) -> int:
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
     args.job = _job_arg(args)
-    store = open_store(url)
+    store = open_existing_store(url)
     try:
         runs = store.run(store.ops.run_list(namespace, args.job, args.limit))
     finally:
@@ -335,7 +335,7 @@ def run_pause(args: argparse.Namespace, paused: bool) -> int:
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
     args.job = _job_arg(args)
-    store = open_store(url)
+    store = open_existing_store(url)
     try:
         known = store.run(store.ops.job_set_paused(namespace, args.job, paused))
     finally:
@@ -357,7 +357,7 @@ def run_trigger(args: argparse.Namespace) -> int:
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
     args.job = _job_arg(args)
-    store = open_store(url)
+    store = open_existing_store(url)
     try:
         ledger = store.ops
         if store.run(ledger.job_get(namespace, args.job)) is None:
@@ -394,7 +394,7 @@ def run_backfill(args: argparse.Namespace) -> int:
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
     args.job = _job_arg(args)
-    store = open_store(url)
+    store = open_existing_store(url)
     try:
         ledger = store.ops
         job = store.run(ledger.job_get(namespace, args.job))

@@ -3,12 +3,19 @@
 Usable from a plain monitor on any host that reaches the store (Nagios, a Kubernetes
 probe, a cron line): ``--check`` exits 1 when a selected job is overdue, failing or
 stuck, 75 when the store cannot be reached.
+
+A dead man's switch must not pass on a typo. ``status`` reads the store as it is and never
+creates one (78: no store there); a job it does not know is exit 2, and so is a namespace
+that holds nothing (no job, replica, queue or lease) and, for ``--check``, one with no job
+to judge.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import TypeVar
@@ -19,8 +26,8 @@ from fleetcron.models import display_holder
 from fleetcron.names import validate_job_name
 from fleetcron.schedules import iso_utc
 from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, iso, read_status, status_json
-from fleetcron.stores import open_store, resolve_backend
-from fleetcron.terms import resolve_namespace
+from fleetcron.stores import SyncStore, open_existing_store, resolve_backend
+from fleetcron.terms import NAMESPACE_ENV, resolve_namespace
 
 __all__ = ["add_parser", "run"]
 
@@ -40,7 +47,8 @@ def add_parser(commands: argparse._SubParsersAction[_Parser], parents: Sequence[
     status.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 when a job is overdue, failing or stuck (75: store unreachable)",
+        help="exit 1 when a job is overdue, failing or stuck; 2 when there is no job to "
+        "judge (75: store unreachable)",
     )
 
 
@@ -129,21 +137,61 @@ def _queues(status: FleetStatus) -> list[str]:
     return ["queues:", *_aligned(rows, "  ")]
 
 
+_SUGGESTED = 5  # namespaces listed at most when the default one holds no job
+
+
+def _elsewhere(store: SyncStore, namespace: str, chosen: bool) -> str:
+    """Where the jobs are, for a reader that found none in ``namespace``: the namespaces
+    with jobs whose names are close to it (a typo); all of them (up to a few) only when no
+    namespace was chosen — on a store that several teams share, a team's mistyped
+    namespace does not print the others' names."""
+    others = [ns for ns in store.run(store.ops.job_namespaces()) if ns != namespace]
+    close = difflib.get_close_matches(namespace, others, n=3, cutoff=0.6)
+    if close:
+        return f"did you mean {' or '.join(repr(ns) for ns in close)}?"
+    if not others:
+        return "no namespace of this store has jobs yet: replicas register theirs when they start"
+    if chosen:
+        return "--namespace chooses another"
+    listed = ", ".join(others[:_SUGGESTED]) + (", …" if len(others) > _SUGGESTED else "")
+    return f"namespaces with jobs: {listed}; --namespace or ${NAMESPACE_ENV} chooses one"
+
+
+def _empty(status: FleetStatus) -> bool:
+    """Whether the namespace holds nothing at all: what a mistyped namespace reads."""
+    return not (status.jobs or status.replicas or status.queues or status.leases)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Print the status; with ``--check``, the exit status says whether all is well."""
+    """Print the status; with ``--check``, the exit status says whether all is well.
+
+    Nothing to judge fails like a job the store does not know (exit 2, one line on
+    stderr): ``--check`` with no job in the namespace, and any ``status`` of a namespace
+    that holds nothing."""
     jobs = [validate_job_name(job) for job in args.jobs]
-    namespace = resolve_namespace(getattr(args, "namespace", None))
-    store = open_store(resolve_backend(getattr(args, "backend", None)))
+    explicit = getattr(args, "namespace", None)
+    namespace = resolve_namespace(explicit)
+    chosen = explicit is not None or bool(os.environ.get(NAMESPACE_ENV))
+    store = open_existing_store(resolve_backend(getattr(args, "backend", None)))
+    problem = None
     try:
         status = store.run(read_status(store.ops, namespace, jobs or None))
+        if status.unknown_jobs:
+            listed = ", ".join(status.unknown_jobs)
+            problem = f"no job named {listed} in namespace {namespace!r}"
+            if not status.jobs and not store.run(store.ops.job_list(namespace)):
+                problem += f", which has no jobs ({_elsewhere(store, namespace, chosen)})"
+        elif not status.jobs and (args.check or _empty(status)):
+            problem = (
+                f"no jobs in namespace {namespace!r} for --check to judge"
+                if args.check
+                else f"namespace {namespace!r} holds nothing: no job, replica, queue or lease"
+            )
+            problem += f" ({_elsewhere(store, namespace, chosen)})"
     finally:
         store.close()
-    if status.unknown_jobs:
-        listed = ", ".join(status.unknown_jobs)
-        print(  # noqa: T201
-            f"fleetcron: error: no job named {listed} in namespace {namespace!r}",
-            file=sys.stderr,
-        )
+    if problem is not None:
+        print(f"fleetcron: error: {problem}", file=sys.stderr)  # noqa: T201
         return EXIT_USAGE
     if args.json:
         print(json.dumps(status_json(status), indent=2))  # noqa: T201

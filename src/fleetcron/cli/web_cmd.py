@@ -2,7 +2,9 @@
 
 The token that actions need comes from ``$FLEETCRON_WEB_TOKEN``; without it the dashboard
 only shows. The address is bound before the store is opened, so a port in use or a bad
-address exits 2 with nothing started.
+address exits 2 with nothing started. ``web`` serves a store that is there: it never
+creates or migrates one (a mistyped URL exits 78 at start); its actions change rows of
+jobs the replicas registered.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     listener = listen(args.listen, "--listen")  # before the store: a bad address starts nothing
 
     async def main() -> None:
-        store = await open_async_store(url)
+        store = await open_async_store(url, existing=True)
         try:
             await _serve(listener, store, namespace, None)
         finally:

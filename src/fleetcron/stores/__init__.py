@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from fleetcron._log import log
 from fleetcron.errors import ConfigurationError
@@ -19,6 +19,7 @@ __all__ = [
     "StoreURL",
     "SyncStore",
     "open_async_store",
+    "open_existing_store",
     "open_store",
     "parse_store_url",
     "read_backend_file",
@@ -137,8 +138,15 @@ def _missing_driver(kind: str, extra: str, exc: ImportError) -> ConfigurationErr
     )
 
 
-def open_store(url: StoreURL, *, auto_migrate: bool = True) -> SyncStore:
-    """Connect a sync store. Raises ``StoreUnavailable`` / ``ConfigurationError``."""
+def open_store(url: StoreURL, *, auto_migrate: bool = True, create: bool = True) -> SyncStore:
+    """Connect a sync store. Raises ``StoreUnavailable`` / ``ConfigurationError``.
+
+    ``create=False`` opens the store as it is and writes nothing on opening: a SQLite file
+    that does not exist raises :class:`~fleetcron.errors.StoreMissing` (neither it nor its
+    directory is made), Redis's persistence marker is read instead of set, and no schema is
+    created or upgraded (``auto_migrate`` is ignored). :func:`open_existing_store` also
+    checks that the schema is there and current."""
+    auto_migrate = auto_migrate and create
     if url.kind == "memory":
         from fleetcron.stores.memory import MemoryStore
 
@@ -147,8 +155,8 @@ def open_store(url: StoreURL, *, auto_migrate: bool = True) -> SyncStore:
         from fleetcron.stores.sql.sqlite import SqliteStore
 
         assert url.path is not None
-        default = url.path == default_sqlite_path()
-        return SqliteStore(url, auto_migrate=auto_migrate, create_parent=default)
+        default = create and url.path == default_sqlite_path()
+        return SqliteStore(url, auto_migrate=auto_migrate, create_parent=default, create=create)
     store: SyncStore
     try:
         if url.kind == "postgres":
@@ -162,16 +170,40 @@ def open_store(url: StoreURL, *, auto_migrate: bool = True) -> SyncStore:
         else:
             from fleetcron.stores.redis.store import RedisStore
 
-            store = RedisStore(url)
+            store = RedisStore(url, create=create)
     except ImportError as exc:
         raise _missing_driver(url.kind, url.kind, exc) from None
     _warn_if_on_command_line(url)
     return store
 
 
-async def open_async_store(url: StoreURL) -> AsyncStore:
+def open_existing_store(url: StoreURL) -> SyncStore:
+    """The store at ``url`` for a command that only reads it, or changes only rows that
+    must be there already (``status``, ``runs``, ``locks``, ``pause``…): opened with
+    ``create=False``, then refused unless it holds this fleetcron's schema —
+    :class:`~fleetcron.errors.StoreMissing` when there is none (a mistyped path or
+    database is said, never answered from an empty store made for the occasion),
+    :class:`~fleetcron.errors.SchemaError` when it is older or newer. Redis and memory
+    keep no schema: any such store exists."""
+    from fleetcron.stores.sql.runner import SqlSyncStore
+
+    store = open_store(url, create=False)
+    try:
+        if isinstance(store, SqlSyncStore):
+            store.require_schema()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+async def open_async_store(url: StoreURL, *, existing: bool = False) -> AsyncStore:
     """Connect an async store: native asyncio for PostgreSQL, MySQL and Redis; SQLite
-    (a local file, no network wait) runs its statements in a worker thread."""
+    (a local file, no network wait) runs its statements in a worker thread.
+
+    ``existing``: open it as :func:`open_existing_store` does (nothing created, migrated or
+    written on opening; a store that is not there, or not at this fleetcron's schema, is
+    refused)."""
     import asyncio
 
     from fleetcron.stores.threaded import ThreadedAsyncStore
@@ -182,19 +214,19 @@ async def open_async_store(url: StoreURL) -> AsyncStore:
             from fleetcron.stores.sql.postgres import AsyncPostgresStore
 
             pg = AsyncPostgresStore(url)
-            await pg.open()
+            await _opened(pg, pg.open(migrate=not existing))
             store = pg
         elif url.kind == "mysql":
             from fleetcron.stores.sql.mysql_async import AsyncMysqlStore
 
             my = AsyncMysqlStore(url)
-            await my.open()
+            await _opened(my, my.open(migrate=not existing))
             store = my
         elif url.kind == "redis":
             from fleetcron.stores.redis.store import AsyncRedisStore
 
             rd = AsyncRedisStore(url)
-            await rd.open()
+            await rd.open(create=not existing)
             store = rd
     except ImportError as exc:
         raise _missing_driver(url.kind, url.kind, exc) from None
@@ -205,4 +237,15 @@ async def open_async_store(url: StoreURL) -> AsyncStore:
         from fleetcron.stores.memory import AsyncMemoryStore
 
         return AsyncMemoryStore()
-    return ThreadedAsyncStore(await asyncio.to_thread(open_store, url))
+    opener = open_existing_store if existing else open_store
+    return ThreadedAsyncStore(await asyncio.to_thread(opener, url))
+
+
+async def _opened(store: AsyncStore, opening: Awaitable[None]) -> None:
+    """Await ``opening``; a store that could not be opened (a schema refused, a failed
+    migration) is closed, not left with its connection."""
+    try:
+        await opening
+    except BaseException:
+        await store.close()
+        raise

@@ -429,6 +429,12 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         """Every job row of the namespace, by name."""
         ...
 
+    def job_namespaces(self) -> Operation[list[str]]:
+        """The namespaces that hold a job row, sorted: where a reader that found no job
+        in the namespace it was given may have meant to look. Reads every job row's
+        namespace (SQL) or scans the keyspace (Redis, as ``job_list`` does)."""
+        ...
+
     # -- replica heartbeats -----------------------------------------------------------------
     def replica_beat(
         self,

@@ -461,6 +461,13 @@ class _MemoryLedger:
         result: list[JobRecord] = yield _step(step)
         return result
 
+    def job_namespaces(self) -> Operation[list[str]]:
+        def step(state: _State, now: int) -> list[str]:
+            return sorted({ns for ns, _ in state.jobs})
+
+        result: list[str] = yield _step(step)
+        return result
+
 
 class _MemoryReplicas:
     """Replica heartbeat rows over a dict."""

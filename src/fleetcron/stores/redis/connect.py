@@ -115,14 +115,18 @@ def client_args(url: StoreURL) -> tuple[str, dict[str, Any]]:
     return base, args
 
 
-def probe(pipe: Any) -> None:
+def probe(pipe: Any, *, mark: bool = True) -> None:
     """Queue on ``pipe`` (sync or async, ``transaction=False``) what
-    :func:`check_server` reads: one round trip when the store opens."""
+    :func:`check_server` reads: one round trip when the store opens. ``mark=False``: the
+    persistence marker is read, not set, so that opening writes nothing."""
     pipe.execute_command("ROLE")
     pipe.config_get("maxmemory-policy")
     pipe.config_get("appendonly")
     pipe.config_get("save")
-    pipe.set(PERSISTENCE_MARKER, "1", nx=True)
+    if mark:
+        pipe.set(PERSISTENCE_MARKER, "1", nx=True)
+    else:
+        pipe.get(PERSISTENCE_MARKER)
 
 
 def _config(reply: object, key: str) -> str | None:
@@ -133,9 +137,13 @@ def _config(reply: object, key: str) -> str | None:
     return value.decode() if isinstance(value, bytes) else None if value is None else str(value)
 
 
-def check_server(url: str, replies: list[Any]) -> None:
-    """Refuse a replica; warn about eviction and about a server that keeps nothing."""
-    role_reply, policy, appendonly, save, first = replies
+def check_server(url: str, replies: list[Any], *, mark: bool = True) -> None:
+    """Refuse a replica; warn about eviction and about a server that keeps nothing.
+    ``mark``: as given to :func:`probe`."""
+    role_reply, policy, appendonly, save, marker = replies
+    # The marker was just set (SET NX answers True), or read and found absent (GET, None):
+    # this client is the first since the server lost or never had fleetcron's data.
+    first = marker is True if mark else marker is None
     if isinstance(role_reply, Exception):
         raise role_reply
     role = role_reply[0].decode() if isinstance(role_reply[0], bytes) else str(role_reply[0])
@@ -153,7 +161,7 @@ def check_server(url: str, replies: list[Any]) -> None:
     if aof is None or rdb is None or aof == "yes" or rdb.strip():
         return
     log.log(
-        logging.WARNING if first is True else logging.INFO,
+        logging.WARNING if first else logging.INFO,
         'Redis at %s keeps nothing across a restart (appendonly no, save ""): a restart '
         "loses every lease and the run ledger, so a slot that already ran can run again; "
         "set appendonly yes (see docs/backends.md)",

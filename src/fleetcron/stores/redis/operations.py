@@ -150,6 +150,16 @@ def _jobs_pattern(namespace: str) -> str:
     return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:{prefix}*}}:job"
 
 
+def _job_namespace(key: str) -> str | None:
+    """The namespace of a job row's key (see :func:`job_key`), ``None`` for another key:
+    the length prefix says where the namespace ends, whatever characters it holds."""
+    length, colon, rest = key.removeprefix("fleetcron:{").partition(":")
+    if not colon or not length.isdigit() or not key.endswith("}:job"):
+        return None
+    namespace, tail = rest[: int(length)], rest[int(length) :]
+    return namespace if tail.startswith(":" + job_lease_name("")) else None
+
+
 def _slots_pattern(namespace: str) -> str:
     """SCAN pattern of every slot index of ``namespace``: the jobs that have runs, whether
     or not their job row still exists (``job_delete`` keeps the runs it does not own)."""
@@ -501,6 +511,12 @@ class _RedisLedger:
         replies = yield fan_out("job_get", tuple(keys), ())
         jobs = [_job(namespace, reply) for reply in replies if reply]
         return sorted(jobs, key=lambda row: row.job)
+
+    def job_namespaces(self) -> Operation[list[str]]:
+        prefix = _glob_escape(job_lease_name(""))
+        keys = yield KeyScan(f"fleetcron:{{*:{prefix}*}}:job")
+        found = (_job_namespace(key) for key in keys)
+        return sorted({namespace for namespace in found if namespace is not None})
 
 
 class _RedisReplicas:

@@ -107,7 +107,9 @@ class RedisStore:
 
     capabilities = Capability.CROSS_HOST | Capability.SERVER_CLOCK
 
-    def __init__(self, url: StoreURL) -> None:
+    def __init__(self, url: StoreURL, *, create: bool = True) -> None:
+        """Connect and check the server. ``create=False``: opening writes nothing (the
+        persistence marker is read, not set)."""
         self.url = url.redacted
         self.ops = RedisOperations()
         self._lock = threading.Lock()
@@ -119,9 +121,9 @@ class RedisStore:
         }
         try:
             with self._client.pipeline(transaction=False) as pipe:
-                probe(pipe)
+                probe(pipe, mark=create)
                 replies = pipe.execute(raise_on_error=False)
-            check_server(self.url, replies)
+            check_server(self.url, replies, mark=create)
             self._conn: Any = self._client.connection_pool.get_connection()
         except redis.exceptions.RedisError as exc:
             self._client.close()
@@ -271,12 +273,14 @@ class AsyncRedisStore:
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
 
-    async def open(self) -> None:
+    async def open(self, *, create: bool = True) -> None:
+        """Connect and check the server. ``create=False``: opening writes nothing (the
+        persistence marker is read, not set)."""
         try:
             async with self._client.pipeline(transaction=False) as pipe:
-                probe(pipe)
+                probe(pipe, mark=create)
                 replies = await pipe.execute(raise_on_error=False)
-            check_server(self.url, replies)
+            check_server(self.url, replies, mark=create)
         except redis.exceptions.RedisError as exc:
             await self._client.aclose()
             raise connect_error(self.url, translate(exc)) from exc

@@ -437,6 +437,10 @@ class SqlLedger:
         result: SqlResult = yield Query("job_list", {"namespace": namespace})
         return rows_to_jobs(namespace, result.rows)
 
+    def job_namespaces(self) -> Operation[list[str]]:
+        result: SqlResult = yield Query("job_namespaces", {})
+        return sorted(as_text(row[0]) for row in result.rows)
+
     # -- replica heartbeats (docs/design/replicas.md) ----------------------------------------
     def replica_beat(
         self,

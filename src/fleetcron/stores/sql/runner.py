@@ -18,7 +18,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from fleetcron.errors import FleetcronError, SchemaError, StoreError, StoreUnavailable
+from fleetcron.errors import (
+    FleetcronError,
+    SchemaError,
+    StoreError,
+    StoreMissing,
+    StoreUnavailable,
+)
 from fleetcron.stores.base import (
     Capability,
     Operation,
@@ -33,10 +39,40 @@ from fleetcron.stores.sql.files import Migration, load_migrations, load_queries
 from fleetcron.stores.statements import Query, QueryBatch
 from fleetcron.stores.url import StoreURL
 
-__all__ = ["AsyncSqlStore", "SqlSyncStore", "retry_pause", "store_error", "timed_out"]
+__all__ = [
+    "AsyncSqlStore",
+    "SqlSyncStore",
+    "retry_pause",
+    "schema_refusal",
+    "store_error",
+    "timed_out",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def schema_refusal(url: str, version: int, latest: int) -> StoreError | None:
+    """Why a store whose schema is at ``version`` cannot be used as it is by this
+    fleetcron (whose schema is at ``latest``): :class:`StoreMissing` when there is none,
+    :class:`SchemaError` when it is older or newer; ``None`` when it is current."""
+    if version == 0:
+        return StoreMissing(
+            f"no fleetcron store in {url}: it has no fleetcron tables (start a replica or "
+            "run `fleetcron migrate` to create them)"
+        )
+    if version > latest:
+        return SchemaError(
+            f"the schema in {url} is version {version}, newer than this fleetcron "
+            f"understands ({latest}); upgrade fleetcron"
+        )
+    if version < latest:
+        return SchemaError(
+            f"the schema in {url} is version {version}, older than this fleetcron's "
+            f"({latest}); run `fleetcron migrate`, or start a replica of this version, to "
+            "upgrade it"
+        )
+    return None
 
 
 class SqlSyncStore(ABC):
@@ -163,12 +199,19 @@ class SqlSyncStore(ABC):
         """Create or upgrade the schema when needed; refuse a schema newer than the code."""
         version = self.schema_version()
         if version > self.latest_version:
-            raise SchemaError(
-                f"the schema in {self.url} is version {version}, newer than this fleetcron "
-                f"understands ({self.latest_version}); upgrade fleetcron"
-            )
+            refusal = schema_refusal(self.url, version, self.latest_version)
+            assert refusal is not None
+            raise refusal
         if version < self.latest_version:
             self.migrate()
+
+    def require_schema(self) -> None:
+        """Refuse, changing nothing, a store whose schema is not this fleetcron's: none
+        (:class:`StoreMissing`), older or newer (:class:`SchemaError`). For the commands
+        that use a store as it is and never create or upgrade one."""
+        refusal = schema_refusal(self.url, self.schema_version(), self.latest_version)
+        if refusal is not None:
+            raise refusal
 
     def migrate(self) -> list[str]:
         """Apply pending migrations under the dialect's migration lock."""
@@ -259,8 +302,10 @@ class AsyncSqlStore(ABC):
         if conn is not None:
             await self._close(conn)
 
-    async def open(self) -> None:
-        """Connect and bring the schema up to date."""
+    async def open(self, *, migrate: bool = True) -> None:
+        """Connect and bring the schema up to date; without ``migrate``, refuse a schema
+        that is not current instead, changing nothing (see
+        :meth:`SqlSyncStore.require_schema`)."""
         async with self._lock:
             await self._connection()
         try:
@@ -268,8 +313,14 @@ class AsyncSqlStore(ABC):
             version = int(result.rows[0][0] or 0)
         except SchemaError:
             version = 0
-        if version != self._latest:
+        if version == self._latest:
+            return
+        if migrate:
             await self.migrate()
+            return
+        refusal = schema_refusal(self.url, version, self._latest)
+        assert refusal is not None
+        raise refusal
 
     async def migrate(self) -> list[str]:
         """Apply pending migrations (through the sync store, in a worker thread)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ from fleetcron.errors import (
     FleetcronError,
     SchemaError,
     StoreError,
+    StoreMissing,
     StoreRefused,
     StoreReplaced,
     StoreUnavailable,
@@ -166,19 +168,51 @@ def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
             time.sleep(0.01)
 
 
+def _missing_store(path: Path) -> StoreMissing | None:
+    """The error of a SQLite store that is not there — ``path`` or its directory does not
+    exist, or the file is empty — else ``None``."""
+    path = path.expanduser().absolute()
+    advice = "start a replica or run `fleetcron migrate` to create it"
+    if path.is_file() and path.stat().st_size == 0:
+        # SQLite takes an empty file for an empty database, and its first commit, even of
+        # a transaction that only read, writes the header: not for a reader to do.
+        return StoreMissing(f"no fleetcron store at {path}: the file is empty ({advice})")
+    if path.exists():
+        return None
+    if not path.parent.is_dir():
+        return StoreMissing(
+            f"no fleetcron store at {path}: its directory {path.parent} does not exist "
+            f"(check the path; {advice} in an existing directory)"
+        )
+    return StoreMissing(f"no fleetcron store at {path}: the file does not exist ({advice})")
+
+
 class SqliteStore(SqlSyncStore):
     """Sync SQLite store; all processes on one host share the database file.
 
     Every call raises :class:`~fleetcron.errors.StoreReplaced` once the path no longer
-    names the file the store opened (:mod:`fleetcron.stores.sql.sqlite_file`)."""
+    names the file the store opened (:mod:`fleetcron.stores.sql.sqlite_file`).
+    ``create=False`` opens only a database file that exists, as it is: a missing one is
+    :class:`StoreMissing`, never created (nor by a reconnection after it was deleted), and
+    its journal mode is not changed; pass ``auto_migrate=False`` too to leave its schema
+    as found."""
 
     dialect = "sqlite"
     capabilities = Capability.PERSISTENT
 
     def __init__(
-        self, url: StoreURL, *, auto_migrate: bool = True, create_parent: bool = False
+        self,
+        url: StoreURL,
+        *,
+        auto_migrate: bool = True,
+        create_parent: bool = False,
+        create: bool = True,
     ) -> None:
         assert url.path is not None
+        missing = None if create else _missing_store(url.path)
+        if missing is not None:
+            raise missing
+        self._create = create
         self.path = check_sqlite_path(url.path, create_parent=create_parent)
         self.file = DatabaseFile(self.path)
         self._in_operation = False
@@ -189,18 +223,25 @@ class SqliteStore(SqlSyncStore):
 
     def _connect(self) -> Any:
         self.file.check()  # never a connection again once the path names another file
+        # mode=rw opens the file only if it exists (sqlite3 would create it): a store
+        # deleted or renamed after the check in __init__ is not made again, empty.
+        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=rw"
         conn = sqlite3.connect(
-            self.path,
+            self.path if self._create else uri,
             timeout=self._url.timeout_s,
             isolation_level=None,  # we issue BEGIN IMMEDIATE ourselves
             check_same_thread=False,  # guarded by the store's lock
+            uri=not self._create,
         )
         try:
             # SQLite has just opened the file: the one the path names now (the stat comes
             # microseconds later).
             self.file.opened()
             conn.execute(f"PRAGMA busy_timeout = {max(1, round(self._url.timeout_s * 1000))}")
-            _set_wal(conn, self._url.timeout_s)
+            # WAL is a setting of the file: set when a store may be made; a file opened as
+            # it is is in WAL already if fleetcron made it, and left as found if not.
+            if self._create:
+                _set_wal(conn, self._url.timeout_s)
             # FULL: a fence handed out must survive a power cut, or it could be issued twice.
             conn.execute("PRAGMA synchronous = FULL")
         except BaseException:

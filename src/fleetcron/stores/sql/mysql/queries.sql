@@ -506,6 +506,9 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
  WHERE namespace = %(namespace)s
  ORDER BY job;
 
+-- name: job_namespaces
+SELECT DISTINCT namespace FROM fleetcron_job;
+
 -- name: run_due
 -- Rows a replica should claim now, oldest slot first: queued (trigger, backfill), running
 -- with an expired lease (holder vanished), failed with a retry that has come. Through the
