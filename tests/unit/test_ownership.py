@@ -104,7 +104,7 @@ async def test_the_slots_of_a_replica_that_is_down_still_run_exactly_once() -> N
         return [r for job in jobs for r in store.run(store.ops.run_list(NS, job.name, 1000))]
 
     def enough() -> bool:
-        return len(scheduler.ring.members) == 2 and len(rows()) >= 60
+        return len(scheduler.handover.ring.members) == 2 and len(rows()) >= 60
 
     task = asyncio.create_task(scheduler.run())
     try:
@@ -113,7 +113,7 @@ async def test_the_slots_of_a_replica_that_is_down_still_run_exactly_once() -> N
         scheduler.stop()
         await task
 
-    frozen_owned = [r for r in rows() if not scheduler.ring.owns(r.job, r.slot_us)]
+    frozen_owned = [r for r in rows() if not scheduler.handover.ring.owns(r.job, r.slot_us)]
     assert len(frozen_owned) >= 10  # the frozen replica's slots ran, here
     assert all(r.state in ("succeeded", "running") for r in rows()), Counter(
         r.state for r in rows()
@@ -142,7 +142,7 @@ async def test_live_replicas_claim_their_own_slots_instead_of_racing_for_all() -
         return sum(_statuses(s)["claimed"] for s in stores)
 
     def rings_agree() -> bool:
-        return all(len(s.ring.members) == 2 for s in schedulers)
+        return all(len(s.handover.ring.members) == 2 for s in schedulers)
 
     try:
         await until_signalled(schedulers, rings_agree)
@@ -201,12 +201,12 @@ async def test_a_failed_ring_read_is_tried_again_within_a_second_not_a_heartbeat
     scheduler = AsyncScheduler(store, [spec("job", lambda ctx: None)], options, clock=clock)
 
     with pytest.raises(StoreUnavailable):
-        await scheduler._read_ring()
-    await scheduler._read_ring()
+        await scheduler.handover.read_ring()
+    await scheduler.handover.read_ring()
     assert store.calls["replica_list"] == []  # too soon: the failed read was just now
     clock.advance(1.0)
-    await scheduler._read_ring()
+    await scheduler.handover.read_ring()
     assert len(store.calls["replica_list"]) == 1  # a second later, not 30 s later
     clock.advance(1.0)
-    await scheduler._read_ring()
+    await scheduler.handover.read_ring()
     assert len(store.calls["replica_list"]) == 1  # read: fresh until the next heartbeat

@@ -622,15 +622,14 @@ async def test_another_replicas_slot_still_free_is_adopted_and_one_it_ran_is_dro
     [ran] = store.run(store.ops.run_claim(NS, [_claim("b", slot)], "owner", 60_000_000))
     assert ran.run is not None  # b's owner has it
     for name in ("a", "b", "gone"):
-        scheduler._wait_for_owner(name, slot, slot + 10_000_000, now, ripe=True)
+        scheduler.handover.wait_for_owner(name, slot, slot + 10_000_000, now, ripe=True)
     del scheduler._jobs["gone"]  # removed by a reload meanwhile
-    scheduler._adopt_at_us = 0
 
     failing.failing = {"run_settled"}
     with pytest.raises(StoreUnavailable):
         await scheduler._adopt(now)
     # Nothing is lost when the look fails: the slots wait for the next one.
-    assert [(job, at) for _, job, at, _ in scheduler._foreign] == [
+    assert [(job, at) for _, job, at, _ in scheduler.handover._waiting] == [
         ("a", slot),
         ("b", slot),
         ("gone", slot),
@@ -644,7 +643,7 @@ async def test_another_replicas_slot_still_free_is_adopted_and_one_it_ran_is_dro
     assert (adopted.job, adopted.slot_us, adopted.trigger) == ("a", slot, "schedule")
     assert adopted.deadline_us == slot + 10_000_000
     assert len(adopted.run_id) == 36  # a run id of its own, made when adopted
-    assert not scheduler._foreign
+    assert scheduler.handover.next_look_us() is None
 
 
 async def test_won_claims_start_even_when_recording_a_refusal_fails() -> None:

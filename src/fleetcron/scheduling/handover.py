@@ -1,0 +1,166 @@
+"""Hand-over: the slots another replica owns, looked at once their owner had its chance.
+
+In claim mode the live replicas running the same job definitions share out the slots
+(:class:`~fleetcron.scheduling.ownership.Ring`). A replica claims its own slots as soon as
+they are due; another replica's slot waits here for its hand-over delay — a quarter of the
+time its catch-up policy gives it, at most :data:`~fleetcron.scheduling.ownership.HANDOVER_US`
+— and is then *adopted* if one read (``run_settled``, many slots at once) says it is still
+free: the slots of a replica that is down, frozen or behind still run, a little later.
+
+While the owners keep up (nothing left to adopt) the reads space out to once a second, but
+never so far that a waiting slot's deadline passes unlooked at. The ring's members are read
+every heartbeat interval, and sooner (at most once a second) when it is stale: a claim of a
+slot this replica thought its own was answered ``taken``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from fleetcron.clock import Clock
+from fleetcron.models import SlotClaim
+from fleetcron.scheduling.ownership import HANDOVER_US, Ring
+from fleetcron.scheduling.planning import PlannedJob, claim_for
+from fleetcron.stores.base import AsyncStore
+
+__all__ = ["ADOPT_BATCH", "Handover"]
+
+ADOPT_BATCH = 2000
+"""Other replicas' slots looked at per read."""
+_ADOPT_EVERY_US = (250_000, 1_000_000)  # how often others' waiting slots are looked at
+_RING_RESYNC_US = 1_000_000  # the ring is read again at most this often when it is stale
+
+
+class Handover:
+    """The slots of other replicas waiting for a look, and the ring that says whose they
+    are. ``claiming`` says whether the replica shares slots at all (claim mode)."""
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        namespace: str,
+        ring: Ring,
+        *,
+        claiming: bool,
+        ring_every_s: float,
+        clock: Clock,
+    ) -> None:
+        self._store = store
+        self._namespace = namespace
+        self.ring = ring
+        self._claiming = claiming
+        self._ring_every_us = ring_every_s * 1e6
+        self._clock = clock
+        # (look at, job, slot, deadline), the store's clock. No claim is made for them (a
+        # run id each) unless one is adopted.
+        self._waiting: deque[tuple[int, str, int, int | None]] = deque()
+        self._every_us = _ADOPT_EVERY_US[0]
+        self._at_us = 0
+        self._cap_us = _ADOPT_EVERY_US[1]  # spacing cap: half the shortest window
+        self._read_us: int | None = None  # monotonic µs of the last ring reading
+        self.stale = True
+        """The members may have changed: read them again within a second."""
+
+    # -- whose slot ----------------------------------------------------------------------
+    def shared(self, job: str, slot_us: int) -> bool:
+        """Whether the slot is one another replica owns (claim mode only)."""
+        return self._claiming and not self.ring.owns(job, slot_us)
+
+    @staticmethod
+    def delay_us(deadline_us: int | None, slot_us: int) -> int:
+        """How long after it is due another replica's slot waits for its owner: a quarter
+        of the time the slot's catch-up policy gives it, at most
+        :data:`~fleetcron.scheduling.ownership.HANDOVER_US` (at least 1 µs: another's slot
+        always waits)."""
+        if deadline_us is None:
+            return HANDOVER_US
+        return max(1, min(HANDOVER_US, (deadline_us - slot_us) // 4))
+
+    def replace_ring(self, ring: Ring) -> None:
+        """Take a new ring (the job definitions changed: the peers are the replicas that
+        run the new set); its members are read at the next pass."""
+        self.ring = ring
+        self.stale = True
+
+    async def read_ring(self) -> None:
+        """Read the ring's members every heartbeat interval, and at most once a second
+        while it is :attr:`stale`."""
+        if not self._claiming:
+            return
+        now = self._clock.monotonic_us()
+        last = self._read_us
+        if not (
+            last is None
+            or now - last >= self._ring_every_us
+            or (self.stale and now - last >= _RING_RESYNC_US)
+        ):
+            return
+        self._read_us = now
+        try:
+            rows = await self._store.run(self._store.ops.replica_list(self._namespace, 0))
+        except BaseException:
+            self.stale = True  # tried again within a second, not a heartbeat later
+            raise
+        self.stale = False
+        self.ring.update(rows)
+
+    # -- the waiting slots ---------------------------------------------------------------
+    def wait_for_owner(
+        self, job: str, slot_us: int, deadline_us: int | None, now: int, *, ripe: bool = False
+    ) -> None:
+        """Queue another replica's slot: looked at after :meth:`delay_us` (at once when
+        ``ripe``, collected after that wait already); the reads are spaced so that it is
+        looked at again before half of the time its policy gives it has passed."""
+        window = None if deadline_us is None else deadline_us - slot_us
+        wait = 0 if ripe else self.delay_us(deadline_us, slot_us)
+        if window is not None:
+            self._cap_us = min(self._cap_us, max(window // 2, 1))
+            # Reads spaced out while owners kept up must not pass this slot's deadline.
+            self._at_us = min(self._at_us, now + wait + window // 2)
+        self._waiting.append((now + wait, job, slot_us, deadline_us))
+
+    def forget(self, keep: Callable[[str], bool]) -> None:
+        """Drop the waiting slots of the jobs ``keep`` says no to (removed by a reload)."""
+        self._waiting = deque(w for w in self._waiting if keep(w[1]))
+
+    def next_look_us(self) -> int | None:
+        """When the next adoption read is due (store time), ``None``: nothing waits."""
+        if not self._waiting:
+            return None
+        return max(self._waiting[0][0], self._at_us)
+
+    async def adopt(
+        self, now: int, jobs: Mapping[str, PlannedJob]
+    ) -> tuple[list[SlotClaim], set[tuple[str, int]]]:
+        """Look at the waiting slots whose delay has passed (up to :data:`ADOPT_BATCH`, one
+        read): the claims of those still free, and the ``(job, slot)`` the store has
+        settled (dropped). Call it only when the replica has room and none of its own
+        slots waiting: in a burst every replica first drains its own share, then takes
+        over what is left of the others'."""
+        waiting = self._waiting
+        if not waiting or waiting[0][0] > now or now < self._at_us:
+            return [], set()
+        ripe: list[tuple[int, str, int, int | None]] = []
+        while waiting and waiting[0][0] <= now and len(ripe) < ADOPT_BATCH:
+            ripe.append(waiting.popleft())
+        asked = [(job, slot) for _, job, slot, _ in ripe]
+        try:
+            settled = await self._store.run(self._store.ops.run_settled(self._namespace, asked))
+        except BaseException:
+            waiting.extendleft(
+                (now, job, slot, slot_deadline) for _, job, slot, slot_deadline in reversed(ripe)
+            )
+            raise
+        free = [
+            claim_for(jobs[job].spec, slot, "schedule", deadline_us=slot_deadline)
+            for _, job, slot, slot_deadline in ripe
+            if (job, slot) not in settled and job in jobs
+        ]
+        low, high = _ADOPT_EVERY_US
+        spacing = low if free else 2 * self._every_us
+        self._every_us = min(spacing, high, self._cap_us)
+        self._at_us = now + self._every_us
+        if not waiting:
+            self._cap_us = high
+        return free, settled
