@@ -10,4 +10,17 @@
   namespace's leader lease, with test signals.
 - :mod:`~fleetcron.scheduling.definitions` — which definition of a job governs when
   replicas disagree (the stored one), and the conflicts this replica knows of.
+- :mod:`~fleetcron.scheduling.registration` — writing the replica's definitions at start.
+- :mod:`~fleetcron.scheduling.handover` — the slots other replicas own, adopted once their
+  owner had its chance; the ring's members (:mod:`~fleetcron.scheduling.ownership`).
+- :mod:`~fleetcron.scheduling.overlap` — what a refused claim becomes: the ``overlap``
+  policy (skip, buffer, cancel the running attempt), not-due and paused slots.
+- :mod:`~fleetcron.scheduling.store_clock` — the store's clock, read and estimated.
+- :mod:`~fleetcron.scheduling.outage` — the store down and back: the loop's back-off.
+- :mod:`~fleetcron.scheduling.finishing` — outcomes of runs ending together, one round trip.
+- :mod:`~fleetcron.scheduling.replacement` — a store replaced under the replica.
+- :mod:`~fleetcron.scheduling.heartbeat`, :mod:`~fleetcron.scheduling.monitor`,
+  :mod:`~fleetcron.scheduling.retention`, :mod:`~fleetcron.scheduling.queues` — beside the
+  loop: the replica's row, the health watch and its alerts, retention, queue workers.
+- :mod:`~fleetcron.scheduling.options` — :class:`SchedulerOptions`.
 """
