@@ -306,13 +306,17 @@ class AsyncLease:
             self._store.ops.lease_release(terms.namespace, terms.name, self.holder, self.fence)
         )
 
+    def _stop_holding(self) -> None:
+        """The holder is done: no renewal from now on (the store is told separately)."""
+        self._released = True
+        self.cancel_keepalive()
+
     async def release(self) -> bool:
         """Give the lease back (held until ``lock_at_least``). Idempotent; returns whether
         the store still knew the lease as ours."""
         if self._released:
             return False
-        self._released = True
-        self.cancel_keepalive()
+        self._stop_holding()
         released = await self._release_in_store()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -20,11 +20,11 @@ from fleetcron.clock import Clock
 from fleetcron.errors import SchemaError, StoreError, StoreRefused, StoreUnavailable
 from fleetcron.keepalive import finish_retry_pause_us, safety_margin_us
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms
-from fleetcron.models import LeaseRecord, RunOutcome, RunRecord
+from fleetcron.models import LeaseRecord, RunFinish, RunOutcome, RunRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
 from fleetcron.stores.threaded import ThreadedAsyncStore, run_inline
 
-__all__ = ["AsyncSlotLease", "SlotLease"]
+__all__ = ["AsyncSlotLease", "Recorder", "SlotLease"]
 
 _CANCEL_REASON = "another run asked this one to stop (overlap = cancel_other)"
 
@@ -49,12 +49,20 @@ def _renewed_record(record: LeaseRecord, run: RunRecord) -> LeaseRecord:
     return replace(record, expires_us=expires, now_us=run.now_us)
 
 
+Recorder = Callable[[RunFinish], Awaitable[bool]]
+"""Records one outcome in the store; whether the store took it (its fence current)."""
+
+
 class AsyncSlotLease(AsyncLease):
     """A claimed slot held like a lease (asyncio): one run of the scheduler.
 
-    :meth:`finish` records the outcome and ends the keepalive. A cancellation asked for by
-    another run (``overlap = cancel_other``) is not a loss — the attempt still holds its
-    fence and records its outcome — so it is reported to ``on_cancel`` instead.
+    :meth:`finish` ends the keepalive and records the outcome: through ``recorder`` when
+    one is given (the scheduler's, which groups the outcomes of runs ending together),
+    else with the store's ``run_finish``. Releasing a slot *is* recording its outcome.
+    :attr:`renewed` is set at each successful renewal (the run's stop points move with
+    the deadline). A cancellation asked for by another run (``overlap = cancel_other``) is
+    not a loss — the attempt still holds its fence and records its outcome — so it is
+    reported to ``on_cancel`` instead.
     """
 
     def __init__(
@@ -66,9 +74,13 @@ class AsyncSlotLease(AsyncLease):
         sent_us: int,
         clock: Clock,
         on_cancel: Callable[[], None] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         super().__init__(store, terms, _slot_record(run, terms), sent_us=sent_us, clock=clock)
         self.run = run
+        self.renewed = asyncio.Event()
+        """Set at each successful renewal (whoever waits on it clears it)."""
+        self._recorder = recorder
         self.outcome = RunOutcome(state="cancelled", error="ended without an outcome")
         self.cancel_requested = False
         self.cancel_ends_lease = False
@@ -96,7 +108,19 @@ class AsyncSlotLease(AsyncLease):
                 self._declare_lost(_CANCEL_REASON)
         return _renewed_record(self.record, run)
 
+    async def extend(self) -> None:
+        await super().extend()
+        self.renewed.set()
+
     async def _release_in_store(self) -> bool:
+        return await self._record()
+
+    async def _record(self) -> bool:
+        """One try to record :attr:`outcome`; whether the store took it."""
+        if self._recorder is not None:
+            return await self._recorder(
+                RunFinish(self.run.job, self.run.slot_us, self.fence, self.outcome)
+            )
         return await self._store.run(
             self._ledger.run_finish(
                 self.namespace, self.run.job, self.run.slot_us, self.fence, self.outcome
@@ -163,9 +187,8 @@ class AsyncSlotLease(AsyncLease):
                 # The first try always goes (it ends the keepalive); none outlives the horizon.
                 async with asyncio.timeout(left_us / 1e6 if left_us > 0 else None):
                     if attempt == 0:
-                        accepted = await self.release()
-                    else:
-                        accepted = await self._release_in_store()
+                        self._stop_holding()
+                    accepted = await self._record()
             except (StoreRefused, SchemaError):
                 raise  # trying again will not help
             except StoreError as exc:
@@ -275,7 +298,7 @@ class SlotLease(Lease):
         attempt = 0
         while attempt == 0 or slot.fence_horizon_us() - slot.clock.monotonic_us() > 0:
             try:
-                accepted = self.release() if attempt == 0 else run_inline(slot._release_in_store())
+                accepted = self.release() if attempt == 0 else run_inline(slot._record())
             except (StoreRefused, SchemaError):
                 raise
             except StoreError as exc:

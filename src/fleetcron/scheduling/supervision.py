@@ -31,7 +31,7 @@ from fleetcron.jobspec import CommandTarget, JobSpec
 from fleetcron.keepalive import effective_grace_us
 from fleetcron.lease import LeaseTerms
 from fleetcron.metrics import Metrics
-from fleetcron.models import RunFinish, RunOutcome, RunRecord
+from fleetcron.models import RunOutcome, RunRecord
 from fleetcron.pings import AsyncPinger, finish_ping, start_ping
 from fleetcron.queue import AsyncQueue, JobQueue
 from fleetcron.reaper import Reaper
@@ -56,38 +56,6 @@ class SupervisorOptions:
     shutdown_grace_s: float
     backend_url: str | None
     echo: bool
-
-
-class _RunLease(AsyncSlotLease):
-    """A run's lease that says when a renewal has moved its deadline (:attr:`moved`), so
-    the run's supervision tells the reaper at once — not at the old stop point, where the
-    reaper would be deciding too — and records its outcome with those of the other runs
-    ending at the same time (:class:`~fleetcron.scheduling.finishing.FinishBatcher`)."""
-
-    def __init__(
-        self,
-        store: AsyncStore,
-        terms: LeaseTerms,
-        run: RunRecord,
-        *,
-        sent_us: int,
-        clock: Clock,
-        finisher: FinishBatcher,
-        on_cancel: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(store, terms, run, sent_us=sent_us, clock=clock, on_cancel=on_cancel)
-        self.moved = asyncio.Event()
-        self._finisher = finisher
-
-    async def extend(self) -> None:
-        await super().extend()
-        self.moved.set()
-
-    async def _release_in_store(self) -> bool:
-        # With the outcomes of the other runs ending now: one round trip for them all.
-        return await self._finisher.finish(
-            RunFinish(self.run.job, self.run.slot_us, self.fence, self.outcome)
-        )
 
 
 @dataclass(eq=False)
@@ -154,7 +122,7 @@ class Supervisor:
             self._run_one(entry, sent_us), name=f"fleetcron-run:{record.job}"
         )
 
-    def _slot_lease(self, entry: Running, sent_us: int) -> _RunLease:
+    def _slot_lease(self, entry: Running, sent_us: int) -> AsyncSlotLease:
         """The run's lease: renewed (keepalive = true), its loss stops the run."""
         spec, record = entry.spec, entry.record
         terms = LeaseTerms(
@@ -164,21 +132,22 @@ class Supervisor:
             lock_at_least_us=spec.lock_at_least_us,
             keepalive=spec.keepalive,
         )
-        lease = _RunLease(
+        lease = AsyncSlotLease(
             self.store,
             terms,
             record,
             sent_us=sent_us,
             clock=self.clock,
-            finisher=self.finisher,
             on_cancel=lambda: entry.cancellation.request("cancel requested"),
+            # With the outcomes of the other runs ending now: one round trip for them all.
+            recorder=self.finisher.finish,
         )
         lease.on_lost(lambda _lease: entry.cancellation.request("lease lost"))
         if spec.keepalive:
             lease.start_keepalive()
         return lease
 
-    def _stop_policy(self, spec: JobSpec, lease: _RunLease) -> StopPolicy:
+    def _stop_policy(self, spec: JobSpec, lease: AsyncSlotLease) -> StopPolicy:
         in_process = isinstance(spec.target, CommandTarget) or spec.isolate == "process"
         return StopPolicy(
             deadline=lambda: lease.deadline_us,
@@ -188,7 +157,9 @@ class Supervisor:
             ),
             clock=self.clock,
             reaper=self.reaper if in_process else None,
-            moved=lease.moved,
+            # A renewal moves the deadline: the reaper is told at once, not at the old stop
+            # point, where it would be deciding too.
+            moved=lease.renewed,
         )
 
     async def _run_one(self, entry: Running, sent_us: int) -> None:
