@@ -5,6 +5,7 @@ The public surface is what ``__all__`` lists; everything else is private.
 
 from __future__ import annotations
 
+from fleetcron._version import __version__
 from fleetcron.clock import Clock, SystemClock
 from fleetcron.context import RunContext
 from fleetcron.errors import (
@@ -62,5 +63,3 @@ __all__ = [
     "SystemClock",
     "__version__",
 ]
-
-__version__ = "0.1.0.dev0"

@@ -1,7 +1,7 @@
 """Alert webhooks: a JSON POST for each change of a job's health the monitor says.
 
 The replica watching the namespace (:mod:`fleetcron.scheduling.monitor`) turns each
-:class:`~fleetcron.scheduling.monitor.Alert` — a job became overdue (again for each later
+:class:`Alert` — a job became overdue (again for each later
 slot that also passed its grace), stuck or failing, or is healthy again — into one POST to
 the job's ``alert_webhook``, else the jobs file's global one. They go out like pings
 (:mod:`fleetcron.pings`): in the background, never blocking the scheduler, in order per
@@ -28,13 +28,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
+from fleetcron.health import JobHealth
 from fleetcron.jobspec import JobSpec
 from fleetcron.pings import AsyncPinger, Ping
-from fleetcron.scheduling.monitor import Alert
 from fleetcron.status import iso
 
-__all__ = ["AlertSender", "payload"]
+__all__ = ["Alert", "AlertSender", "payload"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alert:
+    """One change of a job's health, said once across the fleet.
+
+    ``idempotency_key`` identifies this alert (a digest of the namespace, the marker and
+    the marker's fence): the same for every try of its webhook POST, another for every
+    other alert, so a receiver can drop a POST it already had."""
+
+    job: str
+    event: str  # "overdue", "stuck", "failing" or "recovered"
+    health: JobHealth
+    slot_us: int | None  # the overdue slot, for "overdue"
+    idempotency_key: str = ""
 
 
 def payload(alert: Alert, namespace: str, replica: str) -> dict[str, object]:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 __all__ = [
     "CLAIM_STATUSES",
     "FINAL_STATES",
+    "LEADER_LEASE",
     "PAUSABLE_TRIGGERS",
     "PROGRESS_TRIGGERS",
     "REPLICA_RETAIN_US",
@@ -28,6 +29,9 @@ __all__ = [
     "job_lease_name",
     "micros_to_datetime",
 ]
+
+LEADER_LEASE = "fleetcron:leader"
+"""The lease the elected leader of a namespace holds (``fleetcron run --mode leader``)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fleetcron._log import log
+from fleetcron._version import __version__
 from fleetcron.errors import ConfigurationError
 from fleetcron.models import RunOutcome
 
@@ -220,7 +221,6 @@ class _Retry(Exception):
 
 
 def _user_agent() -> str:
-    from fleetcron import __version__  # not at import: fleetcron imports this module
 
     return f"fleetcron/{__version__}"
 

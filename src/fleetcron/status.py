@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fleetcron.health import JobHealth, assess
 from fleetcron.models import (
     FINAL_STATES,
+    LEADER_LEASE,
     REPLICA_RETAIN_US,
     JobRecord,
     LeaseRecord,
@@ -29,7 +30,6 @@ from fleetcron.models import (
 )
 from fleetcron.queue_models import QueueStats
 from fleetcron.schedules import iso_utc
-from fleetcron.scheduling.leadership import LEADER_LEASE
 from fleetcron.stores.base import AsyncStore, Operation, Operations
 
 __all__ = [

@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from fleetcron.alerts import AlertSender
+from fleetcron.alerts import Alert, AlertSender
 from fleetcron.models import RunOutcome, SlotClaim
 from fleetcron.pings import AsyncPinger
-from fleetcron.scheduling.monitor import Alert, Monitor, alert_marker
+from fleetcron.scheduling.monitor import Monitor, alert_marker
 from fleetcron.status import read_status
 from fleetcron.stores import open_async_store, parse_store_url
 from fleetcron.stores.base import AsyncStore

@@ -13,10 +13,11 @@ from typing import TypeVar
 import pytest
 from starlette.testclient import TestClient
 
+from fleetcron.alerts import Alert
 from fleetcron.cli.main import main
 from fleetcron.errors import StoreUnavailable
 from fleetcron.models import LeaseRecord
-from fleetcron.scheduling.monitor import Alert, Monitor, alert_marker
+from fleetcron.scheduling.monitor import Monitor, alert_marker
 from fleetcron.status import ALERT_MARKER_PREFIX, is_alert_marker
 from fleetcron.stores import open_async_store, parse_store_url
 from fleetcron.stores.base import Operation

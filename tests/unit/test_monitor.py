@@ -10,9 +10,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetcron.alerts import Alert
 from fleetcron.metrics import Metrics
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
-from fleetcron.scheduling.monitor import Alert, Monitor
+from fleetcron.scheduling.monitor import Monitor
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.testing import FakeClock
 from unit.test_scheduler import spec, until_signalled

@@ -16,8 +16,8 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
-from fleetcron import __version__
 from fleetcron._log import LOG_FORMATS, JsonFormatter, TextFormatter
+from fleetcron._version import __version__
 from fleetcron.cli import doctor_cmd, next_cmd, scheduler_cmds, status_cmd, web_cmd
 from fleetcron.cli.exitcodes import (
     EXIT_INTERNAL,

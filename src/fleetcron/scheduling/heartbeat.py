@@ -24,6 +24,7 @@ import socket
 from collections.abc import Mapping
 
 from fleetcron._log import log
+from fleetcron._version import __version__
 from fleetcron.errors import StoreError
 from fleetcron.models import ReplicaInfo, ReplicaRecord
 from fleetcron.stores.base import AsyncStore
@@ -45,7 +46,6 @@ def replica_info(mode: str, fingerprints: Mapping[str, str]) -> ReplicaInfo:
     """What this process says of itself: a new replica id ``host:pid:<random>`` — the
     holder style of :func:`fleetcron.lease.new_holder`, but with a public random part of
     its own, never a lease's secret token — and its version, mode and jobs."""
-    from fleetcron import __version__  # the package imports this module while it loads
 
     host, pid = socket.gethostname(), os.getpid()
     return ReplicaInfo(

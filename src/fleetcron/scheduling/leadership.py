@@ -23,11 +23,10 @@ from fleetcron._log import log
 from fleetcron.clock import Clock
 from fleetcron.errors import FleetcronError, StoreError
 from fleetcron.lease import AsyncLease, LeaseTerms
+from fleetcron.models import LEADER_LEASE
 from fleetcron.stores.base import AsyncStore
 
 __all__ = ["LEADER_LEASE", "Elector", "ElectorSignals"]
-
-LEADER_LEASE = "fleetcron:leader"
 
 
 @dataclass

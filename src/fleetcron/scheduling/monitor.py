@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetcron._log import log
+from fleetcron.alerts import Alert
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.health import JobHealth
@@ -61,7 +62,6 @@ __all__ = [
     "MARKER_TTL_US",
     "MONITOR_LEASE",
     "RECOVERED_TTL_US",
-    "Alert",
     "Monitor",
     "alert_marker",
 ]
@@ -89,21 +89,6 @@ def alert_marker(job: str) -> str:
     if len(name.encode()) <= _MAX_MARKER_BYTES:
         return name
     return ALERT_MARKER_PREFIX + "#" + hashlib.sha256(job.encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Alert:
-    """One change of a job's health, said once across the fleet.
-
-    ``idempotency_key`` identifies this alert (a digest of the namespace, the marker and
-    the marker's fence): the same for every try of its webhook POST, another for every
-    other alert, so a receiver can drop a POST it already had."""
-
-    job: str
-    event: str  # "overdue", "stuck", "failing" or "recovered"
-    health: JobHealth
-    slot_us: int | None  # the overdue slot, for "overdue"
-    idempotency_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
