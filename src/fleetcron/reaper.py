@@ -17,7 +17,7 @@ each run's process group, its stop points and every move of them, and:
 - never signals a group whose leader is not the process the run started (pid and start
   time), so a recycled pgid is never hit.
 
-The process itself is :mod:`fleetcron._reaper` (a few standard modules only, started with
+The process itself is :mod:`fleetcron.reaper_process` (a few standard modules only, started with
 ``python -I -S``, no site-packages: ~20 ms of CPU to start, ~10 MB RSS of which ~4 MB its
 own; idle, it sleeps in ``poll`` until a message or a stop point).
 
@@ -46,11 +46,11 @@ import uuid
 from pathlib import Path
 
 from fleetcron._log import JsonFormatter, log
-from fleetcron._reaper import proc_stat
+from fleetcron.reaper_process import proc_stat
 
 __all__ = ["Reaper", "Watch", "reaper_argv"]
 
-_SCRIPT = Path(__file__).with_name("_reaper.py")
+_SCRIPT = Path(__file__).with_name("reaper_process.py")
 # A reaper that died is started again, but not more often than this (one that dies at once
 # must not cost a fork on every message).
 _RESTART_AFTER_S = 5.0
@@ -126,7 +126,7 @@ class Watch:
 
 
 def _line(*fields: object) -> bytes:
-    """One message of :mod:`fleetcron._reaper`'s protocol."""
+    """One message of :mod:`fleetcron.reaper_process`'s protocol."""
     return " ".join(map(str, fields)).encode("utf-8", "replace") + b"\n"
 
 
@@ -300,13 +300,14 @@ def reaper_argv(parent: int, log_format: str) -> list[str]:
     """The command line of a reaper serving ``parent``.
 
     ``-I -S``: isolated from the user's environment, without site-packages (its start costs
-    what an interpreter's bare start costs). ``_reaper`` is imported, not run as a script,
-    so its compiled form is used when there is one (``-B``: none is written where the
+    what an interpreter's bare start costs). ``reaper_process`` is imported, not run as a
+    script, so its compiled form is used when there is one (``-B``: none is written where the
     installation did not put one); its directory goes at the *end* of ``sys.path``, so no
     module of fleetcron can shadow the standard library's.
     """
     where = str(_SCRIPT.parent)
-    code = f"import sys; sys.path.append({where!r}); import _reaper; _reaper.run_main()"
+    module = "reaper_process"
+    code = f"import sys; sys.path.append({where!r}); import {module}; {module}.run_main()"
     return [sys.executable, "-I", "-S", "-B", "-c", code, str(parent), log_format]
 
 

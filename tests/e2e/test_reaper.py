@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from e2e.helpers import Cli, Spawned, alive, wait_for
-from fleetcron._reaper import proc_stat
 from fleetcron.models import RunRecord
 from fleetcron.reaper import Reaper
+from fleetcron.reaper_process import proc_stat
 from fleetcron.stores import open_store, parse_store_url
 
 pytestmark = [
@@ -53,7 +53,7 @@ def started_pid(beats: Path) -> int:
 
 def reaper_of(supervisor: int) -> int:
     """The pid of the reaper serving ``supervisor``."""
-    wanted = f"_reaper.run_main()\0{supervisor}\0".encode()  # see reaper_argv()
+    wanted = f"reaper_process.run_main()\0{supervisor}\0".encode()  # see reaper_argv()
 
     def find() -> int | None:
         for entry in os.listdir("/proc"):

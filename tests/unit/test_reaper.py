@@ -1,4 +1,4 @@
-"""The reaper process (:mod:`fleetcron._reaper`), driven through its pipe as a supervisor
+"""The reaper process (:mod:`fleetcron.reaper_process`), driven through its pipe as a supervisor
 drives it, and its supervisor's side (:class:`fleetcron.reaper.Reaper`).
 
 The runs are real processes in sessions of their own that write a heartbeat (their
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetcron import _reaper
+from fleetcron import reaper_process
 from fleetcron.jobspec import job_spec
 from fleetcron.reaper import Reaper, reaper_argv
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
@@ -72,7 +72,7 @@ def wait_for(condition: object, *, timeout: float = 30.0, what: str = "") -> Non
 
 def running(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie is gone: nothing of it runs any more)."""
-    stat = _reaper.proc_stat(pid)
+    stat = reaper_process.proc_stat(pid)
     return stat is not None and stat.state != "Z"
 
 
@@ -109,7 +109,7 @@ class Run:
         wait_for(lambda: beats(self.beats), what=f"{name} to start")
         if member:
             wait_for(lambda: beats(self.member_beats), what=f"{name}'s member to start")
-        stat = _reaper.proc_stat(self.pid)
+        stat = reaper_process.proc_stat(self.pid)
         assert stat is not None
         self.start = stat.start
 
@@ -270,7 +270,7 @@ def test_once_the_leader_is_reaped_its_members_still_die_at_the_deadline(
     pipe.watch(run, term=now_us(), kill=kill, grace=800 * MS)
     wait_for(run.ended, what="the leader to end on SIGTERM")  # and this reaps it
 
-    assert _reaper.proc_stat(run.pid) is None  # the pgid names no process any more
+    assert reaper_process.proc_stat(run.pid) is None  # the pgid names no process any more
     wait_for(lambda: not running(member), what="the member to be killed")
     assert beats(run.member_beats)[-1] < kill + LATENCY_US
     assert terms(run.member_beats)  # it had its SIGTERM with the group
@@ -278,9 +278,9 @@ def test_once_the_leader_is_reaped_its_members_still_die_at_the_deadline(
 
 def test_the_reaper_lives_in_a_session_of_its_own_and_ignores_sigterm(pipe: Pipe) -> None:
     assert os.getsid(pipe.proc.pid) == pipe.proc.pid  # a group stop of ours misses it
-    wait_for(lambda: _reaper.proc_stat(pipe.proc.pid) is not None, what="the reaper")
+    wait_for(lambda: reaper_process.proc_stat(pipe.proc.pid) is not None, what="the reaper")
     wait_for(
-        lambda: Path(f"/proc/{pipe.proc.pid}/cmdline").read_bytes().count(b"_reaper") > 0,
+        lambda: Path(f"/proc/{pipe.proc.pid}/cmdline").read_bytes().count(b"reaper_process") > 0,
         what="the reaper to run its script",
     )
     wait_for(
@@ -319,7 +319,7 @@ def test_the_supervisor_side_watches_a_child_and_leaves_no_process_behind(
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert _reaper.proc_stat(pid) is None  # exited and reaped: not even a zombie
+    assert reaper_process.proc_stat(pid) is None  # exited and reaped: not even a zombie
 
 
 def test_a_child_that_is_not_ours_or_not_a_session_leader_is_not_attached() -> None:
@@ -369,7 +369,7 @@ async def test_an_isolated_run_is_killed_at_its_deadline_while_its_replica_is_fr
         assert reaper.pid is not None
         (child,) = [
             pid
-            for pid, stat in _reaper._processes()
+            for pid, stat in reaper_process._processes()
             if stat.ppid == os.getpid() and stat.session == pid and pid != reaper.pid
         ]
         # Frozen: this blocks the loop the replica runs on until the run is gone.

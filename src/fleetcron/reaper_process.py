@@ -2,8 +2,8 @@
 process supervising it cannot — because it is frozen (SIGSTOP, a debugger, a stalled VM)
 or dead (SIGKILL, the OOM killer).
 
-It runs as ``python -I -S -B -c "…import _reaper; _reaper.run_main()" PARENT_PID FORMAT``
-(:func:`fleetcron.reaper.reaper_argv`): a few modules of the standard
+It runs as ``python -I -S -B -c "…import reaper_process; reaper_process.run_main()"
+PARENT_PID FORMAT`` (:func:`fleetcron.reaper.reaper_argv`): a few modules of the standard
 library only (this file imports nothing of fleetcron, nothing from site-packages, and not
 even ``json``, ``re``, ``enum`` or ``typing``: it starts in ~20 ms and ~8 MB), in a session
 of its own, so that a signal sent to its supervisor's process group (Ctrl-Z or Ctrl-C in a
@@ -506,7 +506,7 @@ def run(parent: int, fmt: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``_reaper.py PARENT_PID [text|json]``."""
+    """``reaper_process.py PARENT_PID [text|json]``."""
     args = sys.argv[1:] if argv is None else argv
     parent = int(args[0])
     fmt = args[1] if len(args) > 1 else "text"
