@@ -17,9 +17,9 @@ import asyncio
 import json
 from typing import Any
 
+from fleetcron.bridge import call_on_loop
 from fleetcron.fencing import StaleFence
 from fleetcron.jsonvalue import encode_json
-from fleetcron.loopcall import call_on_loop
 from fleetcron.stores.base import AsyncStore
 
 __all__ = ["Checkpoint"]

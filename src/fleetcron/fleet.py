@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from prometheus_client import make_asgi_app
 
+from fleetcron.bridge import Portal, ThreadedAsyncStore
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import DurationLike
 from fleetcron.errors import ConfigurationError, LockBusy
@@ -27,7 +28,6 @@ from fleetcron.lease import AsyncLease, Lease, LeaseTerms, new_holder
 from fleetcron.metrics import Metrics
 from fleetcron.models import REPLICA_RETAIN_US, LeaseRecord, ReplicaRecord, RunRecord
 from fleetcron.names import validate_name
-from fleetcron.portal import Portal
 from fleetcron.queue import AsyncQueue, Queue, QueueSettings
 from fleetcron.registry import JobRegistry
 from fleetcron.scheduler import AsyncScheduler
@@ -48,7 +48,6 @@ from fleetcron.stores import (
     resolve_backend,
 )
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
-from fleetcron.stores.threaded import ThreadedAsyncStore
 from fleetcron.sync import Scheduler
 from fleetcron.terms import (
     DEFAULT_LOCK_AT_MOST,

@@ -14,9 +14,9 @@ raises :class:`~fleetcron.errors.LeaseLost`.
 There is one implementation, :class:`AsyncLease`. The sync :class:`Lease` is its face: a
 renewal or release asked for by the holder runs in the holder's thread there and then (the
 coroutine completes without suspending over a
-:class:`~fleetcron.stores.threaded.ThreadedAsyncStore` driven by ``run_inline``), and the
+:class:`~fleetcron.bridge.ThreadedAsyncStore` driven by ``run_inline``), and the
 keepalive runs on a
-:class:`~fleetcron.portal.Portal`, each renewal in a worker thread so that one that hangs
+:class:`~fleetcron.bridge.Portal`, each renewal in a worker thread so that one that hangs
 never holds up the deadline. A subclass of :class:`AsyncLease` changes what a renewal and a
 release are in the store (a claimed slot renews its ledger row and records its outcome:
 :mod:`fleetcron.slot_lease`), never when they happen or what a loss does.
@@ -38,6 +38,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from fleetcron._log import log
+from fleetcron.bridge import Portal, ThreadedAsyncStore, run_inline
 from fleetcron.clock import Clock
 from fleetcron.errors import FleetcronError, LeaseLost, StoreError
 from fleetcron.keepalive import (
@@ -48,9 +49,7 @@ from fleetcron.keepalive import (
     safety_margin_us,
 )
 from fleetcron.models import LeaseRecord
-from fleetcron.portal import Portal
 from fleetcron.stores.base import AsyncStore, SyncStore
-from fleetcron.stores.threaded import ThreadedAsyncStore, run_inline
 
 __all__ = [
     "AsyncLease",

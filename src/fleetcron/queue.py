@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from fleetcron._log import log
+from fleetcron.bridge import Portal, call_on_loop
 from fleetcron.durations import DurationLike, format_duration, to_micros
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jsonvalue import encode_json
 from fleetcron.lease import new_holder
-from fleetcron.loopcall import call_on_loop
 from fleetcron.names import validate_name
-from fleetcron.portal import Portal
 from fleetcron.queue_models import ITEM_STATES, QueueItem, QueueNack, QueuePut, QueueStats
 from fleetcron.stores.base import QUEUE_PRUNE_LIMIT, AsyncStore, SyncStore
 

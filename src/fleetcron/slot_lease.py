@@ -16,13 +16,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+from fleetcron.bridge import ThreadedAsyncStore, run_inline
 from fleetcron.clock import Clock
 from fleetcron.errors import SchemaError, StoreError, StoreRefused, StoreUnavailable
 from fleetcron.keepalive import finish_retry_pause_us, safety_margin_us
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms
 from fleetcron.models import LeaseRecord, RunFinish, RunOutcome, RunRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
-from fleetcron.stores.threaded import ThreadedAsyncStore, run_inline
 
 __all__ = ["AsyncSlotLease", "Recorder", "SlotLease"]
 

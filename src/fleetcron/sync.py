@@ -3,7 +3,7 @@
 fleetcron's scheduler is one asyncio implementation,
 :class:`~fleetcron.scheduler.AsyncScheduler`. Sync code drives it the way APScheduler's
 sync scheduler drives its async one: through a :class:`Portal` — an event loop in a daemon
-thread that sync calls hand coroutines to (:mod:`fleetcron.portal`) — or, for the
+thread that sync calls hand coroutines to (:mod:`fleetcron.bridge`) — or, for the
 blocking daemon, in the calling thread itself.
 """
 
@@ -15,12 +15,12 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from fleetcron.bridge import Portal
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError
 from fleetcron.jobspec import JobSpec
 from fleetcron.metrics import Metrics
 from fleetcron.models import DefinitionConflict, RunRecord
-from fleetcron.portal import Portal
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores.base import AsyncStore
 

@@ -29,9 +29,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleetcron.bridge import ThreadedAsyncStore
 from fleetcron.models import job_lease_name
 from fleetcron.stores import SyncStore
-from fleetcron.stores.threaded import ThreadedAsyncStore
 from fleetcron.web import create_app
 from fleetcron.web.app import LOOPBACK_HOSTS
 from security.asgi import Asgi

@@ -238,7 +238,9 @@ async def test_an_isolated_job_that_ignores_its_cancellation_dies_before_its_lea
     beats: Path,
 ) -> None:
     store = MemoryStore()
-    job = _isolated("stubborn", "stubborn", every="1h", lock_at_most="1s", keepalive=False)
+    # 3 s: the child process must have started and beaten before the stop, also on a
+    # loaded machine (a Python child importing fleetcron can take a second to start).
+    job = _isolated("stubborn", "stubborn", every="1h", lock_at_most="3s", keepalive=False)
     store.run(
         store.ops.run_record(NS, "stubborn", store.clock.wall_us() - 1, "queued", None, "manual")
     )
@@ -251,9 +253,11 @@ async def test_an_isolated_job_that_ignores_its_cancellation_dies_before_its_lea
     (run,) = [r for r in ledger(store, "stubborn") if r.state == "cancelled"]
     assert run.error == "lock_at_most elapsed"
     assert run.started_us is not None
-    lines = Path(f"{beats}.{run.fence}").read_text().split()
+    beaten = Path(f"{beats}.{run.fence}")
+    assert beaten.exists(), "the isolated job never ran"
+    lines = beaten.read_text().split()
     assert lines, "the isolated job never ran"
-    expiry = run.started_us + 1_000_000
+    expiry = run.started_us + 3_000_000
     assert int(lines[-1]) < expiry, f"alive {(int(lines[-1]) - expiry) / 1e6:.3f}s past its lease"
 
 

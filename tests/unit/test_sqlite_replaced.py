@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleetcron import Fleet
+from fleetcron.bridge import ThreadedAsyncStore
 from fleetcron.errors import StoreReplaced
 from fleetcron.jobspec import job_spec
 from fleetcron.models import LeaseRecord, SlotClaim
@@ -21,7 +22,6 @@ from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores import open_store, parse_store_url
 from fleetcron.stores.base import Operation
 from fleetcron.stores.sql.sqlite import SqliteStore
-from fleetcron.stores.threaded import ThreadedAsyncStore
 
 NS = "replaced"
 SAID = "was deleted or replaced since this process opened it"

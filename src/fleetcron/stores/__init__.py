@@ -206,7 +206,7 @@ async def open_async_store(url: StoreURL, *, existing: bool = False) -> AsyncSto
     refused)."""
     import asyncio
 
-    from fleetcron.stores.threaded import ThreadedAsyncStore
+    from fleetcron.bridge import ThreadedAsyncStore
 
     store: AsyncStore | None = None
     try:
