@@ -22,13 +22,13 @@ from fleetcron.errors import (
     StoreReplaced,
     StoreUnavailable,
 )
-from fleetcron.fleet import AsyncFleet, Fleet
+from fleetcron.fleet import AsyncFleet
 from fleetcron.lease import AsyncLease, Lease
 from fleetcron.models import DefinitionConflict, LeaseRecord, RunRecord
 from fleetcron.queue import AsyncQueue, Claimed, Entry, Queue
 from fleetcron.queue_models import QueueItem, QueueStats
 from fleetcron.scheduler import AsyncScheduler
-from fleetcron.sync import Scheduler
+from fleetcron.sync import Fleet, Scheduler
 
 __all__ = [
     "AsyncFleet",

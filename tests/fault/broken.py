@@ -437,7 +437,14 @@ def _lock_worker(plan: _LockPlan, signals: dict[str, SyncEvent]) -> None:
             resource.close()
 
 
-_PRELOAD = ["__main__", "fleetcron.fleet", "fleetcron.cli.exec", "psycopg", "fault.broken"]
+_PRELOAD = [
+    "__main__",
+    "fleetcron.fleet",
+    "fleetcron.sync",
+    "fleetcron.cli.exec",
+    "psycopg",
+    "fault.broken",
+]
 
 
 def _context() -> multiprocessing.context.ForkServerContext:

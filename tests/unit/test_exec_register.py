@@ -20,12 +20,12 @@ import pytest
 
 from fleetcron.cli.exec import ExecOptions, exec_job_spec, exec_options, run_exec_schedule
 from fleetcron.cli.main import build_parser
-from fleetcron.fleet import Fleet
 from fleetcron.jobspec import job_spec
 from fleetcron.lease import new_holder
 from fleetcron.models import SlotClaim
 from fleetcron.schedules import CronSchedule
 from fleetcron.stores.base import Operation
+from fleetcron.sync import Fleet
 from fleetcron.terms import lease_terms
 from fleetcron.testing import FakeClock, MemoryStore
 

@@ -41,7 +41,6 @@ from fleetcron.clock import SYSTEM_CLOCK, Clock, SystemClock
 from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError, StoreError
-from fleetcron.fleet import Fleet
 from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec
 from fleetcron.keepalive import StopPoints, effective_grace_us, stop_points
 from fleetcron.lease import Lease, LeaseTerms, new_holder
@@ -53,6 +52,7 @@ from fleetcron.schedules import CronSchedule, Schedule, iso_utc, schedule_from_d
 from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import SlotLease
 from fleetcron.stores.base import SyncStore
+from fleetcron.sync import Fleet
 from fleetcron.terms import lease_terms
 
 __all__ = [

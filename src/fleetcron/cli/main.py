@@ -35,7 +35,6 @@ from fleetcron.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fleetcron.fleet import Fleet
 from fleetcron.jobspec import MAX_COUNT, check_job_name
 from fleetcron.models import LeaseRecord
 from fleetcron.names import validate_namespace
@@ -47,6 +46,7 @@ from fleetcron.stores import (
     read_backend_file,
     resolve_backend,
 )
+from fleetcron.sync import Fleet
 from fleetcron.terms import DEFAULT_LOCK_AT_MOST, resolve_namespace
 
 __all__ = ["main"]

@@ -18,6 +18,7 @@ __all__ = [
     "Capability",
     "StoreURL",
     "SyncStore",
+    "async_face",
     "open_async_store",
     "open_existing_store",
     "open_store",
@@ -249,3 +250,17 @@ async def _opened(store: AsyncStore, opening: Awaitable[None]) -> None:
     except BaseException:
         await store.close()
         raise
+
+
+def async_face(store: SyncStore) -> AsyncStore:
+    """An async store over the open sync ``store``, sharing its state: the store's own
+    async twin when it has one (``async_twin()``: the in-memory store, whose fleet lives
+    in that one object), else each operation in a worker thread
+    (:class:`~fleetcron.bridge.ThreadedAsyncStore`)."""
+    twin = getattr(store, "async_twin", None)
+    if callable(twin):
+        face: AsyncStore = twin()
+        return face
+    from fleetcron.bridge import ThreadedAsyncStore
+
+    return ThreadedAsyncStore(store)

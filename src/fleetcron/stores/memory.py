@@ -571,6 +571,10 @@ class MemoryStore:
             raise TypeError(f"the memory store cannot run {statement!r}")
         return statement.fn(self._state, self.clock.wall_us())
 
+    def async_twin(self) -> AsyncMemoryStore:
+        """The async face of this store, sharing its state (no thread hop: no I/O)."""
+        return AsyncMemoryStore(self)
+
     def run(self, operation: Operation[T]) -> T:
         with self._lock:
             return drive(operation, self._execute)
