@@ -8,20 +8,23 @@ ledger operations fails every test here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import redis
 
 from contract.contract_support import must_acquire, release, run_together
 from contract.ledgerworker import work
+from fleetcron.errors import StoreError
 from fleetcron.models import (
     CLAIM_STATUSES,
     FINAL_STATES,
@@ -36,9 +39,10 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores import SyncStore
+from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.base import Operations
 from fleetcron.stores.ledger import MISSED_ERROR
+from fleetcron.stores.redis.operations import slots_key
 
 R = TypeVar("R", RunRecord, JobRecord, LeaseRecord)
 
@@ -1458,6 +1462,110 @@ def test_run_prune_drops_final_rows_finished_longer_ago_than_the_age_but_no_runn
         ("a", s3, "skipped"),
         ("a", s2, "running"),
     ]
+
+
+# -- run_backfill -----------------------------------------------------------------------
+
+
+def test_a_backfill_queues_each_slot_without_a_row_once_and_counts_them(ledger: Ledger) -> None:
+    slots = ledger.past_slots(6)
+    running = ledger.must_claim("job", slots[1])
+    assert ledger.record("job", slots[3], "missed")
+    high_water = ledger.must_job("job").high_water_us
+    before = ledger.now()
+    future = before + MINUTE
+    # Out of order, one slot twice, one the store's clock has not reached.
+    asked = [slots[5], *slots, slots[0], future]
+
+    queued = ledger.store.run(ledger.ops.run_backfill(ledger.namespace, "job", asked))
+
+    assert queued == 4
+    rows = {run.slot_us: run for run in ledger.runs("job")}
+    assert sorted(rows) == slots, "never a row for a slot the clock has not reached"
+    assert stored(rows[slots[1]]) == stored(ledger.must_get("job", slots[1]))
+    assert rows[slots[1]].run_id == running.run_id, "a row is never overwritten"
+    assert rows[slots[3]].state == "missed"
+    fresh = [slots[0], slots[2], slots[4], slots[5]]
+    for slot in fresh:
+        row = rows[slot]
+        assert (row.state, row.trigger, row.attempt, row.fence, row.holder, row.run_id) == (
+            "queued",
+            "backfill",
+            0,
+            0,
+            "",
+            "",
+        )
+        assert row.finished_us is not None
+        assert before <= row.finished_us <= row.now_us
+        assert (row.started_us, row.expires_us, row.error) == (None, None, None)
+    assert ledger.must_job("job").high_water_us == high_water, "not schedule progress"
+    due = ledger.store.run(ledger.ops.run_due(ledger.namespace, 10, ["job"]))
+    assert [(r.slot_us, r.state) for r in due] == [(slot, "queued") for slot in fresh]
+
+    assert ledger.store.run(ledger.ops.run_backfill(ledger.namespace, "job", slots)) == 0
+    assert ledger.store.run(ledger.ops.run_backfill(ledger.namespace, "job", [])) == 0
+    assert {run.slot_us: stored(run) for run in ledger.runs("job")} == {
+        slot: stored(run) for slot, run in rows.items()
+    }
+
+
+@contextlib.contextmanager
+def failing_midway(backend_url: str, ledger: Ledger, job: str, slot_us: int) -> Iterator[None]:
+    """Make the store fail a write of ``job``'s rows partway through, as each backend can:
+    the database file cannot grow (SQLite); another transaction holds the key of
+    ``slot_us`` past this session's lock timeout, after the rows before it were inserted
+    (PostgreSQL, MySQL); the job's slot index is not a sorted set (Redis)."""
+    store: Any = ledger.store
+    kind = parse_store_url(backend_url).kind
+    if kind == "memory":
+        pytest.skip("memory:// is one process: nothing fails between a step's checks and writes")
+    if kind == "sqlite":
+        (pages,) = store.execute_text("PRAGMA page_count").rows[0]
+        store.execute_text(f"PRAGMA max_page_count = {pages + 2}")  # this connection's only
+        yield
+        return
+    if kind == "redis":
+        client = redis.Redis.from_url(backend_url)
+        index = slots_key(ledger.namespace, job)
+        client.set(index, "not a sorted set")
+        try:
+            yield
+        finally:
+            client.delete(index)
+            client.close()
+        return
+    blocker: Any = open_store(parse_store_url(backend_url))
+    begin, timeout = (
+        ("BEGIN", "SET lock_timeout = '300ms'")
+        if kind == "postgres"
+        else ("START TRANSACTION", "SET SESSION innodb_lock_wait_timeout = 1")
+    )
+    column = "trigger" if kind == "postgres" else "`trigger`"
+    try:
+        blocker.execute_text(begin)
+        blocker.execute_text(
+            "INSERT INTO fleetcron_run (namespace, job, slot_us, state, attempt, fence, "
+            f"holder, run_id, {column}) VALUES (%(namespace)s, %(job)s, %(slot_us)s, "
+            "'queued', 0, 0, '', '', 'manual')",
+            {"namespace": ledger.namespace, "job": job, "slot_us": slot_us},
+        )
+        store.execute_text(timeout)
+        yield
+    finally:
+        blocker.execute_text("ROLLBACK")
+        blocker.close()
+
+
+def test_a_backfill_that_fails_midway_writes_no_row(ledger: Ledger, backend_url: str) -> None:
+    slots = ledger.past_slots(2_000, step_us=SECOND)
+
+    with failing_midway(backend_url, ledger, "job", slots[len(slots) // 2]):
+        with pytest.raises(StoreError):
+            ledger.store.run(ledger.ops.run_backfill(ledger.namespace, "job", slots))
+
+    assert [slot for slot in slots if ledger.get("job", slot) is not None] == []
+    assert ledger.store.run(ledger.ops.run_backfill(ledger.namespace, "job", slots)) == len(slots)
 
 
 # -- jobs and the clock -----------------------------------------------------------------

@@ -207,6 +207,16 @@ def test_sql_claim_answers_each_slot_from_its_one_row_of_status_and_run_columns(
     assert [p["job"] for p in statement.batch] == ["a", "b", "c"]
 
 
+def test_sql_backfill_is_one_query_of_the_slots_as_a_json_array_each_once_in_order() -> None:
+    execute = FakeExecute(rows((4,)))
+
+    assert drive(SqlLedger().run_backfill("ns", "job", [30, 10, 30, 20]), execute) == 4
+    assert drive(SqlLedger().run_backfill("ns", "job", []), execute) == 0
+    assert execute.statements == [
+        Query("run_backfill", {"namespace": "ns", "job": "job", "slots": "[10, 20, 30]"})
+    ]
+
+
 def _sql_statements_of_every_operation() -> list[Query]:
     execute = FakeExecute(*[rows()] * 8)
     drive(SQL.lease_acquire("ns", "n", "h", 1, 0), execute)

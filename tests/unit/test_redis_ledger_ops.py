@@ -331,6 +331,16 @@ def test_record_inserts_a_final_row_on_the_run_and_job_rows_and_the_index(
     ]
 
 
+def test_a_backfill_is_one_script_call_on_the_slot_index_with_each_slot_once_in_order() -> None:
+    execute = FakeExecute(2)
+
+    assert drive(REDIS.run_backfill(NS, "backup", [3_000, 1_000, 3_000, 2_000]), execute) == 2
+    assert drive(REDIS.run_backfill(NS, "backup", []), execute) == 0
+    assert execute.statements == [
+        Script("run_backfill", (SLOTS,), ("backup", 1_000, 2_000, 3_000)),
+    ]
+
+
 def test_cancel_and_get_are_one_script_each() -> None:
     execute = FakeExecute(2, run_reply(), None)
 

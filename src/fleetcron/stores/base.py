@@ -332,6 +332,15 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         :meth:`run_finish_many`)."""
         ...
 
+    def run_backfill(self, namespace: str, job: str, slots: Sequence[int]) -> Operation[int]:
+        """Queue a run (trigger ``backfill``) of each of the job's ``slots`` that has no row
+        and that the store's clock has reached, in one transaction: every such row is
+        written, or none is (a failure or a lost connection midway leaves the ledger as it
+        was). Never overwrites a row. Returns how many were queued. The caller bounds
+        ``slots``: they are sent, and written, all at once (``fleetcron backfill`` sends
+        at most 100,000)."""
+        ...
+
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
         """Ask the job's running attempts to stop; returns how many were asked."""
         ...

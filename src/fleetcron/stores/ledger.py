@@ -9,6 +9,7 @@ holds all of them to the same behaviour. The rules are spelled out in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from fleetcron.models import JobRecord, LeaseRecord, RunNote, RunOutcome, RunRecord, SlotClaim
@@ -17,6 +18,8 @@ __all__ = [
     "LOST_ERROR",
     "MISSED_ERROR",
     "ClaimDecision",
+    "backfill_slots",
+    "backfilled_run",
     "decide_claim",
     "decide_extend",
     "decide_finish",
@@ -115,6 +118,27 @@ def noted_run(namespace: str, note: RunNote, now: int) -> RunRecord:
         state=note.state,
         error=note.error,
         trigger=note.trigger,
+        now=now,
+    )
+
+
+def backfill_slots(slots: Iterable[int]) -> list[int]:
+    """The slots of a ``run_backfill`` as every backend writes them: each once, oldest
+    first, so that two backfills of one job take its row locks in the same order (neither
+    waits for the other in a cycle) and a slot named twice is counted once."""
+    return sorted(set(slots))
+
+
+def backfilled_run(namespace: str, job: str, slot_us: int, now: int) -> RunRecord:
+    """The row ``run_backfill`` inserts: a queued run of trigger ``backfill``, as
+    ``run_record`` writes a queued slot."""
+    return recorded_run(
+        namespace=namespace,
+        job=job,
+        slot_us=slot_us,
+        state="queued",
+        error=None,
+        trigger="backfill",
         now=now,
     )
 

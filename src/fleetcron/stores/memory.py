@@ -37,6 +37,8 @@ from fleetcron.stores.base import (
     drive,
 )
 from fleetcron.stores.ledger import (
+    backfill_slots,
+    backfilled_run,
     decide_claim,
     decide_extend,
     decide_finish,
@@ -270,6 +272,20 @@ class _MemoryLedger:
             return [_record(state, namespace, note, now) for note in notes]
 
         result: list[bool] = yield _step(step)
+        return result
+
+    def run_backfill(self, namespace: str, job: str, slots: Sequence[int]) -> Operation[int]:
+        def step(state: _State, now: int) -> int:
+            fresh = [
+                slot
+                for slot in backfill_slots(slots)
+                if slot <= now and (namespace, job, slot) not in state.runs
+            ]
+            for slot in fresh:  # after every check: nothing is written if one fails
+                state.runs[(namespace, job, slot)] = backfilled_run(namespace, job, slot, now)
+            return len(fresh)
+
+        result: int = yield _step(step)
         return result
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:

@@ -92,7 +92,7 @@ from fleetcron.stores.base import (
     rows_to_replicas,
     rows_to_runs,
 )
-from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, stored_text
+from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, backfill_slots, stored_text
 from fleetcron.stores.redis.checkpoints import RedisCheckpoints
 from fleetcron.stores.redis.keys import glob_escape as _glob_escape
 from fleetcron.stores.redis.keys import lease_key
@@ -385,6 +385,16 @@ class _RedisLedger:
         calls = tuple(_record_call(namespace, note) for note in notes)
         replies = yield ScriptCalls("run_record", calls)
         return [bool(reply) for reply in replies]
+
+    def run_backfill(self, namespace: str, job: str, slots: Sequence[int]) -> Operation[int]:
+        if not slots:
+            return 0
+        # One script call: a script is one atomic step, and every key it writes shares the
+        # hash tag of its slot index (one Cluster slot).
+        reply = yield Script(
+            "run_backfill", (slots_key(namespace, job),), (job, *backfill_slots(slots))
+        )
+        return int(reply)
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
         reply = yield Script("run_cancel", (slots_key(namespace, job),), ())

@@ -279,6 +279,32 @@ ensure_job(KEYS[1], ARGV[5])
 if ARGV[2] ~= 'queued' then raise_high_water(KEYS[1], ARGV[1]) end
 return 1
 
+-- name: run_backfill
+-- uses: now, ledger
+-- KEYS[1] slot index; ARGV: job, then the slots (µs), distinct, oldest first
+-- queues a backfill run of each slot that has no row and that TIME has reached (never
+-- overwrites); returns how many it queued. Every check comes before the first write:
+-- Redis refuses a script (out of memory, a read-only replica) only before its first write
+-- and never undoes one, so the rows are all written or none.
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'zset' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind ..
+                           ', not a slot index; nothing was queued')
+end
+local fresh = {}
+for i = 2, #ARGV do
+  if tonumber(ARGV[i]) <= now and redis.call('EXISTS', run_key_of(ARGV[i])) == 0 then
+    fresh[#fresh + 1] = ARGV[i]
+  end
+end
+for _, slot in ipairs(fresh) do
+  redis.call('HSET', run_key_of(slot), 'job', ARGV[1], 'slot', slot, 'state', 'queued',
+             'attempt', '0', 'fence', '0', 'holder', '', 'run_id', '', 'trigger', 'backfill',
+             'finished', s(now), 'cancel', '0')
+  redis.call('ZADD', KEYS[1], slot, slot)
+end
+return #fresh
+
 -- name: run_cancel
 -- uses: now, ledger
 -- KEYS[1] slot index; no ARGV

@@ -36,12 +36,19 @@ from fleetcron.stores.base import (
     rows_to_replicas,
     rows_to_runs,
 )
-from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT, stored_text
+from fleetcron.stores.ledger import (
+    LOST_ERROR,
+    MISSED_ERROR,
+    OUTPUT_LIMIT,
+    backfill_slots,
+    stored_text,
+)
 from fleetcron.stores.statements import Query, QueryBatch
 
 __all__ = [
     "SqlLedger",
     "SqlOperations",
+    "backfill_params",
     "claim_params",
     "finish_params",
     "prune_job_params",
@@ -169,6 +176,16 @@ def _note_params(namespace: str, note: RunNote) -> dict[str, object]:
         "state": note.state,
         "error": note.error,
         "trigger": note.trigger,
+    }
+
+
+def backfill_params(namespace: str, job: str, slots: Sequence[int]) -> dict[str, object]:
+    """The bound parameters of ``run_backfill`` (every dialect uses the same names): the
+    slots as one JSON array, unpacked server-side into one statement's rows."""
+    return {
+        "namespace": namespace,
+        "job": job,
+        "slots": json.dumps(backfill_slots(slots)),
     }
 
 
@@ -304,6 +321,12 @@ class SqlLedger:
         batch = tuple(_note_params(namespace, note) for note in notes)
         results: list[SqlResult] = yield QueryBatch("run_record", batch)
         return [bool(result.rows and result.rows[0][0]) for result in results]
+
+    def run_backfill(self, namespace: str, job: str, slots: Sequence[int]) -> Operation[int]:
+        if not slots:
+            return 0
+        result: SqlResult = yield Query("run_backfill", backfill_params(namespace, job, slots))
+        return int(result.rows[0][0])
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
         result: SqlResult = yield Query("run_cancel", {"namespace": namespace, "job": job})

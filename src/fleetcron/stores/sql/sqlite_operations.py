@@ -44,6 +44,7 @@ from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import (
     SqlLedger,
     SqlOperations,
+    backfill_params,
     prune_job_params,
     replica_params,
 )
@@ -236,6 +237,14 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         if note.state != "queued":  # a manual run is not schedule progress
             yield from self._raise_high_water(namespace, note.job, note.slot_us, now)
         return True
+
+    def run_backfill(self, namespace: str, job: str, slots: Sequence[int]) -> Operation[int]:
+        if not slots:
+            return 0
+        now = yield from self._now()
+        params = {**backfill_params(namespace, job, slots), "now": now}
+        result: SqlResult = yield Query("run_backfill", params)
+        return result.rowcount  # the rows inserted: a slot that has one is passed over
 
     def run_cancel(self, namespace: str, job: str) -> Operation[int]:
         result: SqlResult = yield Query("run_cancel", {"namespace": namespace, "job": job})

@@ -340,6 +340,34 @@ UPDATE fleetcron_job
 COMMIT;
 SELECT @fc_have = 0;
 
+-- name: run_backfill
+-- Queue a backfill run of each slot of the JSON array (distinct, oldest first) that has
+-- no row and that the clock has reached; never overwrites. One transaction: every row is
+-- written or none. The job row is locked first, as in every ledger block; since every
+-- insert of a run row holds it, no row of the job appears between the check and the
+-- insert, and the insert's count is the rows queued (CLIENT_FOUND_ROWS changes what an
+-- update counts, not an insert).
+START TRANSACTION;
+SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, updated_us)
+VALUES (%(namespace)s, %(job)s, FALSE, '{}', '', @fc_now)
+ON DUPLICATE KEY UPDATE updated_us = updated_us;
+INSERT INTO fleetcron_run
+    (namespace, job, slot_us, state, attempt, fence, holder, run_id, `trigger`,
+     started_us, finished_us, expires_us, retry_at_us, cancel_requested, exit_code,
+     error, output)
+SELECT %(namespace)s, %(job)s, k.slot_us, 'queued', 0, 0, '', '', 'backfill',
+       NULL, @fc_now, NULL, NULL, FALSE, NULL, NULL, NULL
+  FROM JSON_TABLE(%(slots)s, '$[*]' COLUMNS (slot_us BIGINT PATH '$')) AS k
+ WHERE k.slot_us <= @fc_now  -- never a row for a slot the clock has not reached
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run AS r
+                    WHERE r.namespace = %(namespace)s AND r.job = %(job)s
+                      AND r.slot_us = k.slot_us)
+ ORDER BY k.slot_us;
+SET @fc_queued = ROW_COUNT();
+COMMIT;
+SELECT @fc_queued;
+
 -- name: run_cancel
 UPDATE fleetcron_run SET cancel_requested = TRUE
  WHERE namespace = %(namespace)s AND job = %(job)s AND state = 'running'

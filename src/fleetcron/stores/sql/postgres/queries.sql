@@ -162,6 +162,28 @@ mark AS (
 )
 SELECT count(*) > 0 FROM ins;
 
+-- name: run_backfill
+-- Queue a backfill run of each slot of the JSON array (distinct, oldest first) that has
+-- no row and that the clock has reached; never overwrites. One statement: every row is
+-- written or none. It locks only the rows it inserts, in slot order (a queued run is not
+-- schedule progress: the job row is not touched).
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+ins AS (
+    INSERT INTO fleetcron_run
+        (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger,
+         started_us, finished_us, expires_us, retry_at_us, cancel_requested, exit_code,
+         error, output)
+    SELECT %(namespace)s, %(job)s, s.slot_us, 'queued', 0, 0, '', '', 'backfill',
+           NULL, now.us, NULL, NULL, false, NULL, NULL, NULL
+      FROM (SELECT value::bigint AS slot_us
+              FROM jsonb_array_elements_text(%(slots)s::jsonb)) AS s, now
+     WHERE s.slot_us <= now.us  -- never a row for a slot the clock has not reached
+     ORDER BY s.slot_us
+    ON CONFLICT (namespace, job, slot_us) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM ins;
+
 -- name: run_cancel
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
 UPDATE fleetcron_run AS r SET cancel_requested = true

@@ -132,6 +132,20 @@ ON CONFLICT (namespace, job) DO UPDATE
        last_success_us = excluded.last_success_us, last_failure_us = excluded.last_failure_us,
        updated_us = excluded.updated_us;
 
+-- name: run_backfill
+-- Queue a backfill run of each slot of the JSON array (distinct, oldest first) that has
+-- no row and that the clock (:now, read in the same transaction) has reached; never
+-- overwrites. One statement of the operation's transaction: every row is written or none.
+INSERT INTO fleetcron_run
+    (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+     finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output)
+SELECT :namespace, :job, value, 'queued', 0, 0, '', '', 'backfill', NULL, :now, NULL,
+       NULL, 0, NULL, NULL, NULL
+  FROM json_each(:slots)
+ WHERE value <= :now
+ ORDER BY value
+ON CONFLICT (namespace, job, slot_us) DO NOTHING;
+
 -- name: run_cancel
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 UPDATE fleetcron_run SET cancel_requested = 1
