@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -14,16 +13,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from ports import spare_port
 from services import require_service
 
 __all__ = ["PgBouncer", "pgbouncer"]
-
-
-def _spare_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def _wait(condition: Callable[[], bool], timeout: float) -> None:
@@ -58,7 +51,7 @@ class PgBouncer:
         binary = _pgbouncer_binary()
         target = psycopg.conninfo.conninfo_to_dict(target_url)
         user = target.get("user", "postgres")
-        port = _spare_port()
+        port = spare_port()
         (directory / "users.txt").write_text(f'"{user}" ""\n')
         config = directory / "pgbouncer.ini"
         config.write_text(

@@ -14,14 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from ports import spare_port
+
 __all__ = ["RedisServer"]
-
-
-def _spare_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class RedisServer:
@@ -31,7 +26,7 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed (scripts/services installs it)")
-        self.port = _spare_port()
+        self.port = spare_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._command = [
             binary,

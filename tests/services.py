@@ -17,6 +17,10 @@ SERVICE_URLS = {
     "redis": os.environ.get("FLEETCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
 }
 BACKENDS = ("memory", "sqlite", "postgres", "mysql", "redis")
+"""Every backend, the in-memory reference first: the contract suite runs on each."""
+STORES = BACKENDS[1:]
+"""The backends that hold state outside one process (every one but the in-memory
+reference): the ones shared by real processes, and with a clock of their own."""
 _reachable: dict[str, str | None] = {}
 
 

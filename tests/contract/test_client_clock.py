@@ -11,15 +11,14 @@ from fleetcron import Fleet
 from fleetcron.stores import SyncStore
 from fleetcron.stores.memory import MemoryStore
 from fleetcron.testing import FakeClock
+from services import STORES
 
 SKEW_S = 600  # the client's wall clock runs 10 minutes ahead
 
 # The memory store's clock is this process's clock by design (its own-clock case is
 # test_a_memory_store_with_its_own_clock_ignores_the_clients_wall_clock): the stores with
 # a clock of their own.
-STORES_WITH_A_CLOCK = pytest.mark.parametrize(
-    "backend_url", ["sqlite", "postgres", "mysql", "redis"], indirect=True
-)
+STORES_WITH_A_CLOCK = pytest.mark.parametrize("backend_url", STORES, indirect=True)
 
 
 @pytest.fixture

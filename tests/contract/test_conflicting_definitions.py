@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -22,6 +22,7 @@ from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores import SyncStore, open_async_store, parse_store_url
 from fleetcron.stores.base import AsyncStore, Capability, Operation, Operations
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from passes import until_signalled
 
 SECOND = 1_000_000
 TTL = 30 * SECOND
@@ -191,28 +192,6 @@ def spec(every: str) -> JobSpec:
     return job_spec(JOB, where="test", call=_work, every=every, lock_at_most="10s")
 
 
-async def until(
-    schedulers: Sequence[AsyncScheduler],
-    done: Callable[[], Awaitable[bool]],
-    *,
-    timeout: float = 60.0,
-) -> None:
-    """Return once ``done()`` holds, looking after every pass of any of ``schedulers``."""
-
-    async def ticked(scheduler: AsyncScheduler) -> None:
-        async with scheduler.signals.ticked:
-            await scheduler.signals.ticked.wait()
-
-    async with asyncio.timeout(timeout):
-        while not await done():
-            waits = [asyncio.ensure_future(ticked(s)) for s in schedulers]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for wait in waits:
-                    wait.cancel()
-
-
 async def test_two_replicas_with_different_definitions_never_both_claim_the_jobs_slots(
     two_stores: tuple[Answered, Answered],
     namespace: str,
@@ -247,7 +226,7 @@ async def test_two_replicas_with_different_definitions_never_both_claim_the_jobs
                 await read_runs()
                 return bool(claimed_by(a))
 
-            await until([a], a_ran)  # A alone runs the job: it is live
+            await until_signalled([a], a_ran)  # A alone runs the job: it is live
             tasks.append(asyncio.create_task(b.run()))
             await b.signals.started.wait()
             row = await b_store.run(b_store.ops.job_get(namespace, JOB))
@@ -260,7 +239,7 @@ async def test_two_replicas_with_different_definitions_never_both_claim_the_jobs
                 await read_runs()
                 return len(claimed_by(b)) >= 3
 
-            await until([a, b], settled)
+            await until_signalled([a, b], settled)
         finally:
             for scheduler in (a, b):
                 scheduler.stop()

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from services import STORES
+
 __all__ = [
     "CROSS_PROCESS_BACKENDS",
     "FLEETCRON",
@@ -35,9 +37,7 @@ FLEETCRON: tuple[str, ...] = (
 )
 
 # memory:// lives in one process, so it cannot take part in cross-process tests.
-CROSS_PROCESS_BACKENDS = pytest.mark.parametrize(
-    "backend_url", ["sqlite", "postgres", "mysql", "redis"], indirect=True
-)
+CROSS_PROCESS_BACKENDS = pytest.mark.parametrize("backend_url", STORES, indirect=True)
 
 
 def wait_for(

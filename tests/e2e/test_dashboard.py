@@ -29,6 +29,7 @@ from fleetcron.health import JobHealth
 from fleetcron.models import RunOutcome, SlotClaim
 from fleetcron.status import read_status
 from fleetcron.stores import SyncStore, open_store, parse_store_url
+from ports import spare_port
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -75,13 +76,6 @@ def store(sqlite_cli: Cli) -> Iterator[SyncStore]:
     opened = open_store(parse_store_url(sqlite_cli.backend))
     yield opened
     opened.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _answers(url: str) -> bool:
@@ -134,7 +128,7 @@ def test_the_dashboard_lists_the_jobs_and_triggers_only_with_the_token(
     _past_run(store, namespace, "export", 1, ok=False)
     wait_for(lambda: _health(store, namespace)["heartbeat"].state == "overdue", timeout=30)
 
-    port = _free_port()
+    port = spare_port()
     url = f"http://127.0.0.1:{port}/"
     web = sqlite_cli.spawn("web", "--listen", f"127.0.0.1:{port}", env={TOKEN_ENV: TOKEN})
     wait_for(lambda: _answers(url) or web.poll() is not None, timeout=30, what="the dashboard")
@@ -213,7 +207,7 @@ def test_run_web_serves_the_dashboard_of_a_running_fleet(
     store.run(store.ops.job_register(namespace, [legacy]))
     jobs_file = tmp_path / "jobs.toml"
     jobs_file.write_text(FLEET)
-    port = _free_port()
+    port = spare_port()
     url = f"http://127.0.0.1:{port}/"
     env = {TOKEN_ENV: TOKEN}
     daemon = sqlite_cli.spawn("run", str(jobs_file), "--web", f"127.0.0.1:{port}", env=env)

@@ -11,7 +11,7 @@ import pytest
 
 from e2e.helpers import Cli, read_when_written, wait_for
 from fleetcron.cli.exitcodes import EXIT_STORE_REFUSED
-from services import require_service
+from services import STORES, require_service
 
 TRAP_TERM = """
 import os, signal, sys, time
@@ -59,7 +59,7 @@ def _refusing_url(kind: str, tmp_path: Path) -> str:
     return url.replace("redis://", "redis://fleetcron_no_such_user:wrong@")
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgres", "mysql", "redis"])
+@pytest.mark.parametrize("kind", STORES)
 def test_a_store_that_refuses_the_client_exits_78_on_every_backend(
     kind: str, namespace: str, tmp_path: Path
 ) -> None:

@@ -9,7 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-BACKENDS = ("sqlite", "postgres", "mysql", "redis")
+from services import STORES as BACKENDS
+
 NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "mysql": "MariaDB", "redis": "Redis"}
 
 

@@ -33,7 +33,7 @@ from fault.runs import ClockSample, runs_alive_after_lease
 from fleetcron.models import RunRecord
 from fleetcron.stores import open_store, parse_store_url
 from fleetcron.stores.base import SyncStore
-from services import SERVICE_URLS
+from services import SERVICE_URLS, STORES
 
 __all__ = [
     "BACKENDS",
@@ -45,7 +45,7 @@ __all__ = [
     "wait_until",
 ]
 
-BACKENDS = ("sqlite", "postgres", "mysql", "redis")
+BACKENDS = STORES
 ROOT = Path(__file__).resolve().parents[2]
 _TESTS = ROOT / "tests"
 

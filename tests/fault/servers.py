@@ -51,6 +51,8 @@ import psycopg
 import pymysql
 import redis
 
+from ports import spare_port
+
 __all__ = [
     "MariaDbInstance",
     "PostgresCluster",
@@ -60,11 +62,9 @@ __all__ = [
     "read_only",
     "read_only_dir",
     "small_tmpfs",
-    "spare_port",
 ]
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-_FORBIDDEN_PORTS = frozenset({3306, 5432, 6379})
 START_TIMEOUT_S = 60.0  # a loaded CI machine: crash recovery included
 STOP_TIMEOUT_S = 60.0
 
@@ -87,16 +87,6 @@ def data_parent() -> Path:
         if shm.f_bavail * shm.f_frsize > 2 * 1024**3 and os.access("/dev/shm", os.W_OK):
             return Path("/dev/shm")
     return Path(tempfile.gettempdir())
-
-
-def spare_port() -> int:
-    """A TCP port of 127.0.0.1 free right now (never one of the machine's services)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port not in _FORBIDDEN_PORTS:
-            return port
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -83,7 +83,7 @@ from fleetcron.stores.base import Operation, Operations
 from fleetcron.stores.memory import MemoryOperations, MemoryStore, _State
 from fleetcron.stores.sql.postgres import PostgresStore, batch_transactions
 from fleetcron.stores.statements import Step
-from services import require_service
+from services import STORES, require_service
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -1051,7 +1051,7 @@ def _settings() -> settings:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sqlite", "postgres", "mysql", "redis"])
+@pytest.mark.parametrize("kind", STORES)
 def test_every_step_on_the_real_store_is_the_reference_stores_step(
     kind: str, tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:

@@ -25,6 +25,7 @@ from fleetcron.models import ClaimResult, RunRecord
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling import planning
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from passes import until_signalled
 
 NS = "defs"
 JOB = "tick"
@@ -64,25 +65,6 @@ def replica(store: AsyncMemoryStore, job: JobSpec, **options: Any) -> AsyncSched
     options.setdefault("shutdown_grace_s", 1.0)
     options.setdefault("kill_grace_s", 0.5)
     return AsyncScheduler(store, [job], SchedulerOptions(namespace=NS, **options))
-
-
-async def until(
-    schedulers: Sequence[AsyncScheduler], done: Callable[[], bool], *, timeout: float = 30.0
-) -> None:
-    """Return once ``done()`` holds, looking after every pass of any of ``schedulers``."""
-
-    async def ticked(scheduler: AsyncScheduler) -> None:
-        async with scheduler.signals.ticked:
-            await scheduler.signals.ticked.wait()
-
-    async with asyncio.timeout(timeout):
-        while not done():
-            waits = [asyncio.ensure_future(ticked(s)) for s in schedulers]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for wait in waits:
-                    wait.cancel()
 
 
 async def stop(schedulers: Sequence[AsyncScheduler], tasks: Sequence[asyncio.Task[None]]) -> None:
@@ -143,7 +125,7 @@ async def test_a_replica_whose_definition_was_superseded_claims_none_of_the_jobs
     b = replica(AsyncMemoryStore(store), new)
     tasks = [asyncio.create_task(a.run())]
     try:
-        await until([a], lambda: bool(by(a, runs(store), 0)))
+        await until_signalled([a], lambda: bool(by(a, runs(store), 0)))
         tasks.append(asyncio.create_task(b.run()))
         await b.signals.started.wait()
         since = registered_at(store)
@@ -152,7 +134,7 @@ async def test_a_replica_whose_definition_was_superseded_claims_none_of_the_jobs
             after = by(b, runs(store), since)
             return JOB in a.conflicts and a_store.conflicts() >= 3 and len(after) >= 3
 
-        await until([a, b], settled)
+        await until_signalled([a, b], settled)
     finally:
         await stop([a, b], tasks)
 
@@ -175,7 +157,7 @@ async def test_each_replica_reports_the_conflict_once(caplog: pytest.LogCaptureF
             await a.signals.started.wait()
             tasks.append(asyncio.create_task(b.run()))
             await b.signals.started.wait()
-            await until([a, b], lambda: a_store.conflicts() >= 3)
+            await until_signalled([a, b], lambda: a_store.conflicts() >= 3)
             seen = dict(a.conflicts)
             replaced = dict(b.replaced)
         finally:
@@ -211,12 +193,12 @@ async def test_a_superseded_replica_runs_the_job_again_once_the_definitions_agre
     with caplog.at_level(logging.INFO, logger="fleetcron"):
         tasks = [asyncio.create_task(a.run())]
         try:
-            await until([a], lambda: bool(by(a, runs(store), 0)))
+            await until_signalled([a], lambda: bool(by(a, runs(store), 0)))
             superseded = register(store, "fp-of-a-newer-replica")
-            await until([a], lambda: answered.conflicts() >= 2)
+            await until_signalled([a], lambda: answered.conflicts() >= 2)
             assert JOB in a.conflicts
             back = register(store, job.fingerprint())  # the definition was changed back
-            await until([a], lambda: bool(by(a, runs(store), back)))
+            await until_signalled([a], lambda: bool(by(a, runs(store), back)))
         finally:
             await stop([a], tasks)
 
@@ -242,7 +224,7 @@ async def test_a_superseded_replica_does_not_run_a_manual_trigger_of_the_job(
         register(store, "fp-of-a-newer-replica")
         slot = store.run(store.ops.store_now()) - 1_000
         assert store.run(store.ops.run_record(NS, JOB, slot, "queued", None, "manual"))
-        await until([a], lambda: answered.conflicts(slot) >= 2)  # polled, refused, again
+        await until_signalled([a], lambda: answered.conflicts(slot) >= 2)  # polled, refused, again
     finally:
         await stop([a], tasks)
 

@@ -14,7 +14,8 @@ from fleetcron.models import RunFinish, RunOutcome, RunRecord, SlotClaim
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling.finishing import FINISH_BATCH, FinishBatcher
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
-from unit.test_scheduler import spec, until_signalled
+from passes import until_signalled
+from unit.test_scheduler import spec
 
 NS = "finishing"
 OK = RunOutcome(state="succeeded")

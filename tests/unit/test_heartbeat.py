@@ -20,7 +20,8 @@ from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling.heartbeat import Heartbeat, jobs_fingerprint, replica_info
 from fleetcron.stores.base import Operation
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
-from unit.test_scheduler import NS, spec, until_signalled
+from passes import until_signalled
+from unit.test_scheduler import NS, spec
 
 
 def idle(ctx: RunContext) -> None:

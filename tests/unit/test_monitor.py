@@ -16,7 +16,8 @@ from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling.monitor import Monitor
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.testing import FakeClock
-from unit.test_scheduler import spec, until_signalled
+from passes import until_signalled
+from unit.test_scheduler import spec
 
 NS = "mon"
 MIN = 60_000_000

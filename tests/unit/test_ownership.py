@@ -18,8 +18,9 @@ from fleetcron.scheduling.ownership import Ring
 from fleetcron.scheduling.planning import DueHeap, PlannedJob
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.testing import FakeClock
+from passes import until_signalled
 from unit.fakes import Recorded
-from unit.test_scheduler import spec, until_signalled
+from unit.test_scheduler import spec
 
 NS = "ownership"
 

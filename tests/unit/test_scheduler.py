@@ -30,6 +30,7 @@ from fleetcron.scheduler import AsyncScheduler, SchedulerOptions, StoreOutage
 from fleetcron.scheduling import planning
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
+from passes import until_signalled
 from unit.fakes import Recorded
 
 NS = "sched"
@@ -38,26 +39,6 @@ NS = "sched"
 def spec(name: str, func: Callable[..., Any], **options: Any) -> JobSpec:
     options.setdefault("every", "200ms")
     return job_spec(name, where="test", call=func, **options)
-
-
-async def until_signalled(
-    schedulers: Sequence[AsyncScheduler], done: Callable[[], bool], *, timeout: float = 30.0
-) -> None:
-    """Return once ``done()`` holds, looking after every pass of any of ``schedulers``;
-    fail after ``timeout`` s (a bound for a loaded machine, not an expectation)."""
-
-    async def ticked(scheduler: AsyncScheduler) -> None:
-        async with scheduler.signals.ticked:
-            await scheduler.signals.ticked.wait()
-
-    async with asyncio.timeout(timeout):
-        while not done():
-            waits = [asyncio.ensure_future(ticked(s)) for s in schedulers]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for wait in waits:
-                    wait.cancel()
 
 
 async def run_replicas(
