@@ -11,6 +11,7 @@ from typing import Any
 from fleetcron._log import log
 from fleetcron.durations import DurationLike, to_micros
 from fleetcron.errors import ConfigurationError
+from fleetcron.jobspec import MAX_COUNT
 from fleetcron.keepalive import backoff_s
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms
 from fleetcron.names import validate_name, validate_namespace
@@ -112,8 +113,13 @@ def older_than_us(older_than: DurationLike) -> int:
 
 
 def row_limit(limit: int) -> int:
+    """``limit`` (of ``Fleet.runs``), or a :class:`ConfigurationError`: an integer from 1
+    to :data:`~fleetcron.jobspec.MAX_COUNT`, which every store takes (a larger one fails
+    in a 64-bit argument, or in a Redis script's double)."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ConfigurationError(f"limit must be a positive integer, got {limit!r}")
+    if limit > MAX_COUNT:
+        raise ConfigurationError(f"limit must be 1 to {MAX_COUNT}, got {limit}")
     return limit
 
 

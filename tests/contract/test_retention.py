@@ -12,8 +12,9 @@ import time
 import pytest
 
 from contract.test_ledger import LONG, SHORT, Ledger
-from fleetcron import AsyncFleet
+from fleetcron import AsyncFleet, Fleet
 from fleetcron.errors import ConfigurationError
+from fleetcron.jobspec import MAX_COUNT
 from fleetcron.models import RunRecord
 from fleetcron.stores import SyncStore
 
@@ -273,3 +274,23 @@ async def test_the_async_fleet_prunes_runs_then_forgets_the_idle_job(
     assert (done.job, done.deleted, done.runs) == ("a", True, 1)
     assert await async_fleet.runs() == []
     assert await store.run(ops.job_list(ns)) == []
+
+
+def test_a_count_no_store_can_take_is_refused_before_the_store_is_asked(fleet: Fleet) -> None:
+    # Past MAX_COUNT every store took some and failed on others with its driver's error:
+    # Redis from 2**53 (a script's double), SQLite and PostgreSQL past 2**63 - 1.
+    store, ops, ns = fleet.store, fleet.store.ops, fleet.namespace
+    store.run(ops.job_register(ns, [("a", "{}", "fp")]))
+    now = store.run(ops.store_now())
+    assert store.run(ops.run_record(ns, "a", now - 1, "skipped", None, "schedule"))
+
+    for count in (MAX_COUNT + 1, 2**63 - 1, 2**63, 2**70):
+        for job in (None, "a"):
+            with pytest.raises(ConfigurationError, match=f"^limit must be 1 to {MAX_COUNT}, got"):
+                fleet.runs(job, limit=count)
+        with pytest.raises(ConfigurationError, match=f"^keep must be 0 to {MAX_COUNT}, got"):
+            fleet.prune_runs(keep=count, older_than="0s")
+
+    assert len(fleet.runs(limit=MAX_COUNT)) == len(fleet.runs("a", limit=MAX_COUNT)) == 1
+    fleet.prune_runs(keep=MAX_COUNT, older_than="0s")
+    assert len(fleet.runs("a")) == 1, "the newest MAX_COUNT runs stay"

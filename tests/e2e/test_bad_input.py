@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.test_schema import fresh_database
 from e2e.helpers import CROSS_PROCESS_BACKENDS, FLEETCRON, Cli, assert_clean_error
 from fleetcron.cli.exitcodes import EXIT_USAGE
 
@@ -74,7 +75,16 @@ def test_bad_exec_option_is_refused_before_the_store_is_touched(
         (["prune", "--older-than", "-1d"], "--older-than must be positive"),
         (["trigger", "bad\udcffname"], "job name 'bad\\udcffname' is not valid UTF-8"),
         (["pause", "tab\there"], "control character"),
-        (["runs", "--limit", "-1"], "--limit must be at least 1, got -1"),
+        (["runs", "--limit", "-1"], "--limit must be 1 to 2147483647, got -1"),
+        (
+            ["runs", "--limit", "9223372036854775808"],
+            "--limit must be 1 to 2147483647, got 9223372036854775808",
+        ),
+        (
+            ["backfill", "job", "--from", "2025-01-01", "--to", "2025-01-02", "--limit", "2" * 30],
+            f"--limit must be between 1 and 100000 (one backfill is written in one transaction; "
+            f"split a longer range into several), got {'2' * 30}",
+        ),
         (
             ["next", "* * * * *", "--after", "9999-12-31T23:50", "--timezone", "America/New_York"],
             "past the calendar's range",
@@ -88,6 +98,46 @@ def test_bad_arguments_are_refused_before_the_store_is_touched(
     result = sqlite_cli.run(*argv)
     assert_clean_error(result, EXIT_USAGE, message)
     assert not (tmp_path / "fleetcron.db").exists()
+
+
+def _store_state(url: str) -> object:
+    """What a refused command must leave as it was: the SQLite file's bytes (``None``: no
+    file), or the fleetcron tables of the PostgreSQL database."""
+    if url.startswith("sqlite://"):
+        path = Path(url.removeprefix("sqlite://"))
+        return path.read_bytes() if path.exists() else None
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE 'fleetcron%' ORDER BY 1"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+@pytest.mark.parametrize("backend_url", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("store", ["absent", "present"])
+@pytest.mark.parametrize("limit", ["9223372036854775808", "2147483648"])
+def test_a_runs_limit_no_store_can_take_is_refused_before_the_store_is_opened(
+    backend_url: str, namespace: str, tmp_path: Path, store: str, limit: str
+) -> None:
+    with fresh_database(backend_url, tmp_path) as url:
+        cli = Cli(url, namespace, tmp_path)
+        if store == "present":
+            assert cli.run("migrate").returncode == 0
+        before = _store_state(url)
+
+        result = cli.run("runs", "--limit", limit)
+
+        assert_clean_error(result, EXIT_USAGE, f"--limit must be 1 to 2147483647, got {limit}")
+        assert _store_state(url) == before, "the store was opened"
+
+
+def test_the_largest_runs_limit_is_read(sqlite_cli: Cli) -> None:
+    assert sqlite_cli.run("migrate").returncode == 0
+    result = sqlite_cli.run("runs", "--limit", "2147483647")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("no runs in namespace")
 
 
 def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path) -> None:

@@ -19,6 +19,7 @@ from fleetcron.cli import web_cmd
 from fleetcron.durations import format_duration
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobsfile import JobsFile, load_jobs_file
+from fleetcron.jobspec import MAX_COUNT
 from fleetcron.metrics import Metrics
 from fleetcron.models import RunRecord, micros_to_datetime
 from fleetcron.names import validate_job_name, validate_namespace
@@ -299,10 +300,17 @@ def _row(run: RunRecord) -> dict[str, object]:
     }
 
 
+def _limit_option(limit: int) -> None:
+    """Refuse a ``runs --limit`` outside 1 to :data:`~fleetcron.jobspec.MAX_COUNT` before
+    the store is opened: argparse takes any integer, and a database's 64-bit argument (or
+    a Redis script's double) would fail on a larger one with the driver's error."""
+    if not 1 <= limit <= MAX_COUNT:
+        raise ConfigurationError(f"--limit must be 1 to {MAX_COUNT}, got {limit}")
+
+
 def run_runs(args: argparse.Namespace) -> int:
     """``fleetcron runs [JOB]``: newest slots first."""
-    if args.limit < 1:
-        raise ConfigurationError(f"--limit must be at least 1, got {args.limit}")
+    _limit_option(args.limit)
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
     args.job = _job_arg(args)

@@ -27,7 +27,13 @@ from typing import Any, TypeGuard, TypeVar
 from fleetcron._log import log
 from fleetcron.durations import DurationLike, format_duration, to_micros
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import DEFAULT_RETENTION, JobSpec, Retention, check_job_name
+from fleetcron.jobspec import (
+    DEFAULT_RETENTION,
+    MAX_COUNT,
+    JobSpec,
+    Retention,
+    check_job_name,
+)
 from fleetcron.models import JobRecord, micros_to_datetime
 from fleetcron.stores.base import AsyncStore, Operation, Operations, SyncStore
 
@@ -115,6 +121,9 @@ def manual_rule(base: Retention, older_than: DurationLike | None, keep: int | No
             raise ConfigurationError(f"older_than must not be negative, got {older_than!r}")
     if keep is not None and (not _count(keep)):
         raise ConfigurationError(f"keep must be an integer, 0 or more, got {keep!r}")
+    if keep is not None and keep > MAX_COUNT:
+        # As retention_keep in a jobs file: a larger one fails in the stores' arguments.
+        raise ConfigurationError(f"keep must be 0 to {MAX_COUNT}, got {keep}")
     return Retention(older_than_us=older_us, keep=base.keep if keep is None else keep)
 
 
