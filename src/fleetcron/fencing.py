@@ -35,9 +35,12 @@ from typing import Any, Literal
 
 from fleetcron.errors import ConfigurationError, FleetcronError
 
-__all__ = ["StaleFence", "check", "create_tables", "once", "table_sql", "upgrade_sql"]
+__all__ = ["MAX_FENCE", "StaleFence", "check", "create_tables", "once", "table_sql", "upgrade_sql"]
 
 Dialect = Literal["sqlite", "postgresql", "mysql"]
+MAX_FENCE = 2**63 - 1
+"""The highest fence the tables hold (a signed 64-bit ``bigint``, SQLite's ``INTEGER``);
+every fencing token fleetcron hands out fits in it."""
 _MAX_KEY = 255
 # UTF-8 takes at most 4 bytes a character: the MySQL column holds a key of _MAX_KEY.
 _MAX_KEY_BYTES = 4 * _MAX_KEY
@@ -111,6 +114,10 @@ def create_tables(conn: Any) -> None:
 def _check_fence(fence: object) -> None:
     if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
         raise ConfigurationError(f"a fence is a non-negative integer, not {fence!r}")
+    if fence > MAX_FENCE:
+        # Refused on every database alike (SQLite's driver raised OverflowError, the
+        # others their own errors), before anything is written in the caller's transaction.
+        raise ConfigurationError(f"a fence is 0 to {MAX_FENCE}, not {fence}")
 
 
 def check(conn: Any, resource: str, fence: int) -> None:
@@ -121,7 +128,8 @@ def check(conn: Any, resource: str, fence: int) -> None:
     writes). ``resource`` is compared exactly (case, accents and trailing spaces count);
     on MySQL, tables an earlier fleetcron made are refused with
     :class:`~fleetcron.errors.ConfigurationError` until :func:`create_tables` upgrades
-    them."""
+    them. A fence outside 0 to :data:`MAX_FENCE` is a ConfigurationError too, and nothing
+    is written."""
     name = _key(resource, "resource")
     _check_fence(fence)
     db = _Db(conn)

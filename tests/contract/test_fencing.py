@@ -385,6 +385,26 @@ def test_a_key_that_is_not_storable_text_is_refused_on_every_database(
     assert _once(db, conn, f"after-{uuid.uuid4().hex[:6]}") is True, "the connection still works"
 
 
+def test_a_fence_no_database_can_hold_is_refused_and_nothing_is_written(db: Db) -> None:
+    conn = db.connect()
+    resource = f"r-{uuid.uuid4().hex[:6]}"
+    for fence in (fencing.MAX_FENCE + 1, 2**70):
+        says = f"^a fence is 0 to {fencing.MAX_FENCE}, not {fence}$"
+        with pytest.raises(ConfigurationError, match=says):
+            _work(db, conn, resource, fence, 1)
+        with pytest.raises(ConfigurationError, match=says), db.transaction(conn):
+            fencing.once(conn, f"k-{uuid.uuid4().hex[:6]}", fence=fence)
+    assert db.rows() == []
+
+    _work(db, conn, resource, fencing.MAX_FENCE, 2)  # the highest a table holds
+    with pytest.raises(StaleFence) as caught:
+        _work(db, conn, resource, fencing.MAX_FENCE - 1, 3)
+    assert caught.value.highest == fencing.MAX_FENCE
+    with db.transaction(conn):
+        assert fencing.once(conn, f"k-{uuid.uuid4().hex[:6]}", fence=fencing.MAX_FENCE)
+    assert db.rows() == [2]
+
+
 # MySQL and MariaDB: the keys' column type, and fence tables made by an earlier fleetcron.
 
 MYSQL_KINDS = ["pymysql", "sqlalchemy-mysql"]
