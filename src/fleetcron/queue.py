@@ -36,6 +36,7 @@ from fleetcron.stores.base import QUEUE_PRUNE_LIMIT, AsyncStore, SyncStore
 
 __all__ = [
     "MAX_ITEM_BYTES",
+    "MAX_ITEM_ID",
     "AsyncQueue",
     "Claimed",
     "Entry",
@@ -49,6 +50,8 @@ MAX_ITEM_BYTES = 1_048_576
 """The largest item, as UTF-8 JSON text (1 MiB): a queue carries work, not data."""
 MAX_BATCH = 10_000
 """The most items one put, claim or acknowledgement may carry."""
+MAX_ITEM_ID = 2**63 - 1
+"""The largest item id: ids count up from 1 in a signed 64-bit integer on every store."""
 
 Handler: TypeAlias = Callable[["Claimed"], Any]
 """A worker's handler: called with each item; returning is success, raising is failure.
@@ -173,6 +176,10 @@ def _item_ids(item_ids: Sequence[int]) -> list[int]:
     bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int)]
     if bad:
         raise ConfigurationError(f"an item id is an integer, not {bad[0]!r}")
+    # An id no store can hold names no item; PostgreSQL would fail the whole call on it.
+    outside = [i for i in ids if not 1 <= i <= MAX_ITEM_ID]
+    if outside:
+        raise ConfigurationError(f"an item id is 1 to {MAX_ITEM_ID}, not {outside[0]}")
     return ids
 
 

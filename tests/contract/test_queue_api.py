@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from fleetcron import AsyncFleet, Claimed, ConfigurationError, Entry, Fleet, RunContext
+from fleetcron.queue import MAX_ITEM_ID
 
 
 def test_values_round_trip_as_json_with_ids_keys_and_delays(fleet: Fleet) -> None:
@@ -72,6 +73,10 @@ def test_a_value_that_is_not_json_or_too_large_is_refused_and_nothing_is_queued(
         (lambda q: q.requeue(5), "a list of item ids"),
         (lambda q: q.requeue("12"), "a list of item ids"),
         (lambda q: q.requeue([1, "2"]), "an item id is an integer"),
+        (lambda q: q.requeue([1, 2**70]), f"an item id is 1 to {MAX_ITEM_ID}, not {2**70}$"),
+        (lambda q: q.requeue([2**63]), f"an item id is 1 to {MAX_ITEM_ID}, not {2**63}$"),
+        (lambda q: q.requeue([0]), f"an item id is 1 to {MAX_ITEM_ID}, not 0$"),
+        (lambda q: q.requeue([-(2**63) - 1]), "an item id is 1 to"),
     ],
 )
 def test_bad_arguments_are_refused_with_what_is_wrong(fleet: Fleet, call: Any, says: str) -> None:
@@ -79,6 +84,18 @@ def test_bad_arguments_are_refused_with_what_is_wrong(fleet: Fleet, call: Any, s
     with pytest.raises(ConfigurationError, match=says):
         call(queue)
     assert queue.stats().depth == 0
+
+
+def test_the_largest_item_id_is_asked_for_like_any_other(fleet: Fleet) -> None:
+    queue = fleet.queue("q")
+    assert queue.requeue([MAX_ITEM_ID]) == 0
+
+
+async def test_an_item_id_no_store_can_hold_is_refused_by_the_async_queue(
+    async_fleet: AsyncFleet,
+) -> None:
+    with pytest.raises(ConfigurationError, match=f"an item id is 1 to {MAX_ITEM_ID}"):
+        await async_fleet.queue("q").requeue([2**70])
 
 
 def test_until_empty_goes_on_past_a_claim_that_only_killed_items(fleet: Fleet) -> None:
