@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 
 from fleetcron import AsyncFleet, Claimed, ConfigurationError, Entry, Fleet, RunContext
+from fleetcron.jsonvalue import MAX_JSON_DEPTH
 from fleetcron.queue import MAX_ITEM_ID
+
+
+def nested(depth: int) -> list[Any]:
+    """A list in a list … ``depth`` deep (``[]`` is 1 deep)."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 def test_values_round_trip_as_json_with_ids_keys_and_delays(fleet: Fleet) -> None:
@@ -44,7 +53,11 @@ def test_values_round_trip_as_json_with_ids_keys_and_delays(fleet: Fleet) -> Non
         (object(), "object"),
         ("x" * 1_048_577, "1048579 bytes"),
         ("\ud800", "lone surrogate"),
+        (nested(1_000), "item 1 is nested too deep: lists and objects may nest at most 100"),
+        (nested(MAX_JSON_DEPTH + 1), "nested too deep"),
+        ({"a": [{"b": nested(MAX_JSON_DEPTH - 2)}]}, "nested too deep"),
     ],
+    ids=["set", "bytes", "nan", "object", "too-large", "surrogate", "1000", "101", "mixed"],
 )
 def test_a_value_that_is_not_json_or_too_large_is_refused_and_nothing_is_queued(
     fleet: Fleet, value: Any, says: str
@@ -55,6 +68,28 @@ def test_a_value_that_is_not_json_or_too_large_is_refused_and_nothing_is_queued(
     assert "item 1" in str(caught.value)
     assert says in str(caught.value)
     assert queue.stats().depth == 0, "nothing of the batch was queued"
+
+
+async def test_a_value_nested_too_deep_is_refused_by_every_put_and_nothing_is_queued(
+    async_fleet: AsyncFleet,
+) -> None:
+    queue = async_fleet.queue("deep")
+    with pytest.raises(ConfigurationError, match=r"^item 2 is nested too deep: .* at most 100 "):
+        await queue.put_many(["fine", Entry("also fine"), Entry(nested(1_000), dedupe_key="k")])
+    with pytest.raises(ConfigurationError, match=r"^item 0 is nested too deep"):
+        await queue.put(nested(1_000))
+    assert (await queue.stats()).depth == 0, "nothing of the batch was queued"
+
+
+def test_a_value_nested_as_deep_as_allowed_comes_back(fleet: Fleet) -> None:
+    queue = fleet.queue("deep")
+    value = {"tree": nested(MAX_JSON_DEPTH - 1)}
+
+    queue.put(value)
+
+    (item,) = queue.claim()
+    assert item.value == value
+    assert queue.ack(item) == [True]
 
 
 @pytest.mark.parametrize(
