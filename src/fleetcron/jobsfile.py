@@ -23,7 +23,9 @@ schedule                   5-field cron expression (exactly one of schedule/ever
 every                      interval (at least 100ms), slots aligned to the Unix epoch
 at                         ISO 8601 date and time; with an offset, or naive in ``timezone``
 timezone       ``UTC``     IANA zone for ``schedule`` and a naive ``at``
-command                    argv list (exactly one of command/call); run without a shell
+command                    argv list (exactly one of command/call); run without a shell;
+                           an element holding a NUL character is refused (no program
+                           can be given one)
 call                       ``module:function``; imported when the file is loaded
 lock_at_most   ``10m``     lease length: the ceiling if the holder dies
 lock_at_least  ``0s``      the lease stays held this long after the run (ShedLock)

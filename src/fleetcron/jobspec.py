@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -50,6 +51,7 @@ __all__ = [
     "Overlap",
     "Retention",
     "Target",
+    "argv_problem",
     "check_job_name",
     "import_call",
     "job_spec",
@@ -285,6 +287,30 @@ def import_call(reference: str, base_dir: Path | None) -> Callable[..., object]:
     return target
 
 
+def argv_problem(argv: Sequence[str]) -> str | None:
+    """What keeps ``argv`` from being started, or ``None``: an element holding a NUL
+    character, or one the file-system encoding cannot encode (a lone surrogate that is not
+    one of an undecodable byte as the OS hands argv over). Either would fail every run of
+    the job as it starts ("embedded null byte"), so it is refused where the command is
+    given."""
+    for index, arg in enumerate(argv):
+        # The OS passes each argument as a NUL-terminated C string.
+        nul = arg.find("\x00")
+        if nul >= 0:
+            return (
+                f"command[{index}] holds a NUL character at position {nul}, which no "
+                f"program can be given: {arg[:40]!r}"
+            )
+        try:
+            os.fsencode(arg)
+        except UnicodeEncodeError as exc:
+            return (
+                f"command[{index}] is not text the file-system encoding can pass to a "
+                f"program ({exc.reason} at position {exc.start}): {arg[:40]!r}"
+            )
+    return None
+
+
 def _reference_of(function: Callable[..., object]) -> str:
     module = getattr(function, "__module__", None) or "?"
     qualname = getattr(function, "__qualname__", None) or type(function).__qualname__
@@ -438,6 +464,9 @@ class JobBuilder:
                 self.fail("command", f"must be a non-empty list of strings, not {value!r}")
             if not value[0]:
                 self.fail("command", "the program (first element) is empty")
+            problem = argv_problem(value)
+            if problem is not None:
+                self.fail("command", problem)
             return CommandTarget(tuple(value))
         if callable(value) and not isinstance(value, str):
             if self.from_toml:

@@ -140,6 +140,23 @@ def test_the_largest_runs_limit_is_read(sqlite_cli: Cli) -> None:
     assert result.stdout.startswith("no runs in namespace")
 
 
+def test_a_nul_in_a_jobs_commands_arguments_is_refused_at_load(
+    sqlite_cli: Cli, tmp_path: Path, marker: Path
+) -> None:
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(f'[jobs.touch]\nevery = "1s"\ncommand = ["touch", "{marker}\\u0000"]\n')
+
+    result = sqlite_cli.run("run", str(jobs), timeout=30)
+
+    assert_clean_error(
+        result,
+        EXIT_USAGE,
+        f"{jobs}: job 'touch': key 'command': command[1] holds a NUL character at position "
+        f"{len(str(marker))}",
+    )
+    assert not (tmp_path / "fleetcron.db").exists()
+
+
 def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path) -> None:
     cli = Cli(f"sqlite://{tmp_path / 'fleetcron.db'}", "", tmp_path)
     assert_clean_error(cli.run(*_exec("job", marker=marker)), EXIT_USAGE, "namespace is empty")

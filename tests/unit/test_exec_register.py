@@ -20,6 +20,7 @@ import pytest
 
 from fleetcron.cli.exec import ExecOptions, exec_job_spec, exec_options, run_exec_schedule
 from fleetcron.cli.main import build_parser
+from fleetcron.errors import ConfigurationError
 from fleetcron.jobspec import job_spec
 from fleetcron.lease import new_holder
 from fleetcron.models import SlotClaim
@@ -238,3 +239,13 @@ def test_an_exec_job_whose_invocations_are_all_skipped_is_not_reported_abandoned
     assert row is not None
     assert row.updated_us == START_US + 8 * DAY_US
     assert json.loads(row.definition)["schedule"] == schedule.definition()
+
+
+def test_a_nul_in_the_commands_arguments_is_refused_before_anything_runs() -> None:
+    # A shell cannot put one in argv; main() called from Python can.
+    with pytest.raises(ConfigurationError) as caught:
+        _options(command=("touch", "out\x00put"))
+    assert caught.value.message == (
+        "exec: command[1] holds a NUL character at position 3, which no program can be "
+        "given: 'out\\x00put'"
+    )

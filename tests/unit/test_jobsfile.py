@@ -522,6 +522,48 @@ def test_a_count_beyond_a_32_bit_column_is_refused_at_load(tmp_path: Path) -> No
         load_jobs_file(str(jobs))
 
 
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (
+            r'["/bin/echo", "--since", "a\u0000b"]',
+            r"command[2] holds a NUL character at position 1",
+        ),
+        (r'["/bin/ec\u0000ho"]', r"command[0] holds a NUL character at position 7"),
+    ],
+    ids=["argument", "program"],
+)
+def test_a_nul_in_a_command_is_refused_at_load_not_at_every_run(
+    tmp_path: Path, command: str, says: str
+) -> None:
+    path = write(tmp_path, f'[jobs.export]\nevery = "1m"\ncommand = {command}\n')
+
+    message = load_error(path)
+
+    assert message.startswith(f"{path}: job 'export': key 'command': {says}, "), message
+    assert "which no program can be given" in message
+
+
+@pytest.mark.parametrize(
+    ("argument", "says"),
+    [
+        ("a\x00b", r"command\[1\] holds a NUL character at position 1"),
+        ("\ud800", r"command\[1\] is not text the file-system encoding can pass"),
+    ],
+    ids=["nul", "lone-surrogate"],
+)
+def test_a_command_no_program_can_be_given_is_refused_from_python(argument: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"^Fleet.job: job 'j': key 'command': " + says):
+        job_spec("j", where="Fleet.job", every="1m", command=["/bin/echo", argument])
+
+
+def test_an_undecodable_byte_as_the_os_hands_it_over_is_a_fine_argument() -> None:
+    # b"caf\xe9" (Latin-1) as sys.argv and os.listdir give it: passed back byte for byte.
+    spec = job_spec("j", where="api", every="1m", command=["/bin/echo", "caf\udce9"])
+    assert isinstance(spec.target, CommandTarget)
+    assert spec.target.argv == ("/bin/echo", "caf\udce9")
+
+
 # --- stuck_after ---------------------------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ from fleetcron.clock import SYSTEM_CLOCK, Clock, SystemClock
 from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError, StoreError
-from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec
+from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec, argv_problem
 from fleetcron.keepalive import StopPoints, effective_grace_us, stop_points
 from fleetcron.lease import Lease, LeaseTerms, new_holder
 from fleetcron.models import JobRecord, RunOutcome, SlotClaim
@@ -103,6 +103,10 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
     """Check everything before any state is touched; raise ConfigurationError."""
     if not command:
         raise ConfigurationError("exec needs a command after '--', e.g. -- /opt/app/job.sh")
+    # A shell cannot put a NUL in argv, but main() called from Python can.
+    problem = argv_problem(command)
+    if problem is not None:
+        raise ConfigurationError(f"exec: {problem}")
     most = option_micros(args.lock_at_most, "--lock-at-most", positive=True)
     least = option_micros(args.lock_at_least, "--lock-at-least", positive=False)
     if least > most:
