@@ -29,7 +29,7 @@ from fleetcron.testing import FakeClock
 
 pytestmark = pytest.mark.parametrize("backend_url", ["redis"], indirect=True)
 
-LONG = 30_000_000  # never expires during a test
+LONG = 3_600_000_000  # never expires during a test, however loaded the machine
 
 
 @pytest.fixture
