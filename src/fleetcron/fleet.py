@@ -28,15 +28,26 @@ from typing import Any, ParamSpec, TypeVar
 from prometheus_client import make_asgi_app
 
 from fleetcron.clock import SYSTEM_CLOCK, Clock
-from fleetcron.durations import DurationLike
+from fleetcron.durations import DurationLike, to_micros
 from fleetcron.errors import ConfigurationError, LockBusy
+from fleetcron.jobspec import MAX_COUNT
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms, new_holder
+from fleetcron.lock_terms import (
+    DEFAULT_LOCK_AT_MOST,
+    cached_terms,
+    lease_terms,
+    log_acquired,
+    log_skipped,
+    wait_backoff_s,
+    wait_micros,
+)
 from fleetcron.metrics import Metrics
 from fleetcron.models import REPLICA_RETAIN_US, LeaseRecord, ReplicaRecord, RunRecord
-from fleetcron.names import validate_name
+from fleetcron.names import resolve_namespace, validate_name
 from fleetcron.queue import AsyncQueue, QueueSettings
 from fleetcron.registry import JobRegistry
 from fleetcron.scheduler import AsyncScheduler
+from fleetcron.scheduling.options import scheduler_options
 from fleetcron.scheduling.retention import (
     OrphanJob,
     prune_jobs_plan,
@@ -50,21 +61,16 @@ from fleetcron.stores import (
     open_async_store,
     resolve_backend,
 )
-from fleetcron.terms import (
-    DEFAULT_LOCK_AT_MOST,
-    cached_terms,
-    lease_terms,
-    log_acquired,
-    log_skipped,
-    older_than_us,
-    resolve_namespace,
-    row_limit,
-    scheduler_options,
-    wait_backoff_s,
-    wait_micros,
-)
 
-__all__ = ["AsyncFleet", "blocking_sleep", "locked_terms", "queue_settings", "retrying"]
+__all__ = [
+    "AsyncFleet",
+    "blocking_sleep",
+    "locked_terms",
+    "older_than_us",
+    "queue_settings",
+    "retrying",
+    "row_limit",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -473,3 +479,22 @@ def queue_settings(
         retry_backoff=retry_backoff,
         retry_backoff_max=retry_backoff_max,
     )
+
+
+def older_than_us(older_than: DurationLike) -> int:
+    """``older_than`` (of the prune calls) in µs, or a :class:`ConfigurationError`."""
+    micros = to_micros(older_than, what="older_than")
+    if micros <= 0:
+        raise ConfigurationError(f"older_than must be positive, got {older_than!r}")
+    return micros
+
+
+def row_limit(limit: int) -> int:
+    """``limit`` (of ``Fleet.runs``), or a :class:`ConfigurationError`: an integer from 1
+    to :data:`~fleetcron.jobspec.MAX_COUNT`, which every store takes (a larger one fails
+    in a 64-bit argument, or in a Redis script's double)."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ConfigurationError(f"limit must be a positive integer, got {limit!r}")
+    if limit > MAX_COUNT:
+        raise ConfigurationError(f"limit must be 1 to {MAX_COUNT}, got {limit}")
+    return limit

@@ -9,6 +9,7 @@ name are one lock.
 
 from __future__ import annotations
 
+import os
 import unicodedata
 
 from fleetcron.errors import ConfigurationError
@@ -17,6 +18,8 @@ __all__ = [
     "MAX_JOB_NAME_LENGTH",
     "MAX_NAMESPACE_LENGTH",
     "MAX_NAME_LENGTH",
+    "NAMESPACE_ENV",
+    "resolve_namespace",
     "validate_job_name",
     "validate_name",
     "validate_namespace",
@@ -66,3 +69,13 @@ def validate_job_name(name: object, *, what: str = "job name") -> str:
 def validate_namespace(namespace: object) -> str:
     """Return the namespace normalised, or raise :class:`ConfigurationError`."""
     return _validate(namespace, what="namespace", limit=MAX_NAMESPACE_LENGTH)
+
+
+NAMESPACE_ENV = "FLEETCRON_NAMESPACE"
+
+
+def resolve_namespace(explicit: str | None) -> str:
+    """Namespace: explicit > ``$FLEETCRON_NAMESPACE`` > ``default``."""
+    if explicit is not None:
+        return validate_namespace(explicit)  # an explicit empty namespace is an error
+    return validate_namespace(os.environ.get(NAMESPACE_ENV) or "default")

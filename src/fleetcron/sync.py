@@ -34,11 +34,14 @@ from fleetcron.fleet import (
 )
 from fleetcron.jobspec import JobSpec
 from fleetcron.lease import Lease, LeaseTerms
+from fleetcron.lock_terms import DEFAULT_LOCK_AT_MOST, log_acquired, log_skipped, wait_micros
 from fleetcron.metrics import Metrics
 from fleetcron.models import DefinitionConflict, LeaseRecord, ReplicaRecord, RunRecord
+from fleetcron.names import resolve_namespace
 from fleetcron.queue import Queue
 from fleetcron.registry import JobRegistry
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
+from fleetcron.scheduling.options import scheduler_options
 from fleetcron.scheduling.retention import OrphanJob
 from fleetcron.status import FleetStatus
 from fleetcron.stores import (
@@ -50,14 +53,6 @@ from fleetcron.stores import (
     resolve_backend,
 )
 from fleetcron.stores.base import AsyncStore
-from fleetcron.terms import (
-    DEFAULT_LOCK_AT_MOST,
-    log_acquired,
-    log_skipped,
-    resolve_namespace,
-    scheduler_options,
-    wait_micros,
-)
 
 __all__ = ["Fleet", "Scheduler"]
 

@@ -23,11 +23,11 @@ from fleetcron.cli.main import build_parser
 from fleetcron.errors import ConfigurationError
 from fleetcron.jobspec import job_spec
 from fleetcron.lease import new_holder
+from fleetcron.lock_terms import lease_terms
 from fleetcron.models import SlotClaim
 from fleetcron.schedules import CronSchedule
 from fleetcron.stores.base import Operation
 from fleetcron.sync import Fleet
-from fleetcron.terms import lease_terms
 from fleetcron.testing import FakeClock, MemoryStore
 
 NS = "ns"

@@ -44,7 +44,7 @@ def test_namespace_must_be_a_non_empty_string() -> None:
 def test_an_explicitly_empty_namespace_is_an_error_not_the_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fleetcron.terms import resolve_namespace
+    from fleetcron.names import resolve_namespace
 
     monkeypatch.delenv("FLEETCRON_NAMESPACE", raising=False)
     assert resolve_namespace(None) == "default"

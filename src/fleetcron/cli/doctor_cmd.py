@@ -31,9 +31,8 @@ from fleetcron.doctor import (
 from fleetcron.errors import ConfigurationError, StoreMissing
 from fleetcron.jobsfile import _read_limited, _settings, load_jobs_file
 from fleetcron.jobspec import JobBuilder, JobSpec, check_job_name, unique_jobs
-from fleetcron.names import validate_namespace
+from fleetcron.names import NAMESPACE_ENV, validate_namespace
 from fleetcron.stores import StoreURL, open_store, resolve_backend
-from fleetcron.terms import NAMESPACE_ENV
 
 __all__ = ["CheckedFile", "add_parser", "load_jobs", "render", "run"]
 

@@ -44,6 +44,7 @@ from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec, argv_problem
 from fleetcron.keepalive import StopPoints, effective_grace_us, stop_points
 from fleetcron.lease import Lease, LeaseTerms, new_holder
+from fleetcron.lock_terms import lease_terms
 from fleetcron.models import JobRecord, RunOutcome, SlotClaim
 from fleetcron.names import validate_job_name
 from fleetcron.pings import Pinger, check_ping_url, finish_ping, start_ping
@@ -53,7 +54,6 @@ from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import SlotLease
 from fleetcron.stores.base import SyncStore
 from fleetcron.sync import Fleet
-from fleetcron.terms import lease_terms
 
 __all__ = [
     "ExecOptions",

@@ -36,8 +36,9 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.jobspec import MAX_COUNT, check_job_name
+from fleetcron.lock_terms import DEFAULT_LOCK_AT_MOST
 from fleetcron.models import LeaseRecord
-from fleetcron.names import validate_namespace
+from fleetcron.names import resolve_namespace, validate_namespace
 from fleetcron.scheduling.retention import COUNT_LIMIT
 from fleetcron.status import shown_leases
 from fleetcron.stores import (
@@ -47,7 +48,6 @@ from fleetcron.stores import (
     resolve_backend,
 )
 from fleetcron.sync import Fleet
-from fleetcron.terms import DEFAULT_LOCK_AT_MOST, resolve_namespace
 
 __all__ = ["main"]
 
@@ -416,8 +416,8 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
     _backend_file(args)
     if args.command == "exec":
         from fleetcron.cli.exec import exec_options, run_exec, run_exec_schedule
+        from fleetcron.lock_terms import lease_terms
         from fleetcron.schedules import CronSchedule
-        from fleetcron.terms import lease_terms
 
         options = exec_options(args, command)
         namespace = _namespace(args)

@@ -22,11 +22,10 @@ from fleetcron.jobsfile import JobsFile, load_jobs_file
 from fleetcron.jobspec import MAX_COUNT
 from fleetcron.metrics import Metrics
 from fleetcron.models import RunRecord, micros_to_datetime
-from fleetcron.names import validate_job_name, validate_namespace
+from fleetcron.names import NAMESPACE_ENV, validate_job_name, validate_namespace
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.schedules import from_datetime, schedule_from_definition
 from fleetcron.stores import open_async_store, open_existing_store, resolve_backend
-from fleetcron.terms import NAMESPACE_ENV
 
 __all__ = [
     "BACKFILL_MAX_SLOTS",

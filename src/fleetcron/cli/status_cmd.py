@@ -23,11 +23,10 @@ from typing import TypeVar
 from fleetcron.cli.exitcodes import EXIT_UNHEALTHY, EXIT_USAGE
 from fleetcron.durations import format_duration
 from fleetcron.models import display_holder
-from fleetcron.names import validate_job_name
+from fleetcron.names import NAMESPACE_ENV, resolve_namespace, validate_job_name
 from fleetcron.schedules import iso_utc
 from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, iso, read_status, status_json
 from fleetcron.stores import SyncStore, open_existing_store, resolve_backend
-from fleetcron.terms import NAMESPACE_ENV, resolve_namespace
 
 __all__ = ["add_parser", "run"]
 

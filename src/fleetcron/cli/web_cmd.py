@@ -19,8 +19,8 @@ from typing import TypeVar
 
 from fleetcron._log import log
 from fleetcron.errors import ConfigurationError
+from fleetcron.names import resolve_namespace
 from fleetcron.stores import AsyncStore, StoreURL, open_async_store, resolve_backend
-from fleetcron.terms import resolve_namespace
 
 __all__ = ["add_parser", "beside", "listen", "run", "web_token"]
 

@@ -4,14 +4,16 @@ checked when they are made."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fleetcron.errors import ConfigurationError
 from fleetcron.pings import check_ping_url
 from fleetcron.scheduling.heartbeat import DEFAULT_HEARTBEAT_S
 from fleetcron.scheduling.monitor import DEFAULT_MONITOR_S
 from fleetcron.scheduling.retention import DEFAULT_RETENTION_S
+from fleetcron.stores.url import StoreURL
 
-__all__ = ["SchedulerOptions"]
+__all__ = ["SchedulerOptions", "scheduler_options"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,3 +64,24 @@ class SchedulerOptions:
                 raise ConfigurationError(f"{name} {wanted}, not {value!r}")
         if self.alert_webhook is not None:
             check_ping_url(self.alert_webhook)
+
+
+def scheduler_options(
+    namespace: str,
+    url: StoreURL | None,
+    mode: str,
+    concurrency: int,
+    options: dict[str, Any],
+) -> SchedulerOptions:
+    """The options of a scheduler of a fleet; every problem is a ConfigurationError."""
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool):
+        raise ConfigurationError(f"concurrency must be an integer, got {concurrency!r}")
+    known = set(SchedulerOptions.__dataclass_fields__) - {"namespace", "mode", "concurrency"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigurationError(
+            f"scheduler(): unknown option(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    options.setdefault("backend_url", url.raw if url is not None else None)
+    return SchedulerOptions(namespace=namespace, mode=mode, concurrency=concurrency, **options)

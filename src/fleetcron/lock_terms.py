@@ -1,48 +1,31 @@
-"""What a fleet validates before it touches a store: lock terms, namespaces, waits,
-limits and scheduler options; and the log records of taking a lock."""
+"""What a lock request is, checked before any store is touched: its terms (lengths and
+keepalive, validated), how long and how a ``wait`` retries, and the log records of taking
+a lock or finding it held."""
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-from typing import Any
 
 from fleetcron._log import log
 from fleetcron.durations import DurationLike, to_micros
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import MAX_COUNT
 from fleetcron.keepalive import backoff_s
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms
-from fleetcron.names import validate_name, validate_namespace
-from fleetcron.scheduler import SchedulerOptions
-from fleetcron.stores import StoreURL
+from fleetcron.names import validate_name
 
 __all__ = [
     "DEFAULT_LOCK_AT_MOST",
-    "NAMESPACE_ENV",
     "cached_terms",
     "lease_terms",
     "log_acquired",
     "log_skipped",
-    "older_than_us",
-    "resolve_namespace",
-    "row_limit",
-    "scheduler_options",
     "wait_backoff_s",
     "wait_micros",
 ]
 
-NAMESPACE_ENV = "FLEETCRON_NAMESPACE"
 DEFAULT_LOCK_AT_MOST = "10m"
 _MIN_LOCK_AT_MOST_US = 100_000
-
-
-def resolve_namespace(explicit: str | None) -> str:
-    """Namespace: explicit > ``$FLEETCRON_NAMESPACE`` > ``default``."""
-    if explicit is not None:
-        return validate_namespace(explicit)  # an explicit empty namespace is an error
-    return validate_namespace(os.environ.get(NAMESPACE_ENV) or "default")
 
 
 def lease_terms(
@@ -103,45 +86,6 @@ def cached_terms(
             lock_at_least=lock_at_least,
             keepalive=keepalive,
         )
-
-
-def older_than_us(older_than: DurationLike) -> int:
-    micros = to_micros(older_than, what="older_than")
-    if micros <= 0:
-        raise ConfigurationError(f"older_than must be positive, got {older_than!r}")
-    return micros
-
-
-def row_limit(limit: int) -> int:
-    """``limit`` (of ``Fleet.runs``), or a :class:`ConfigurationError`: an integer from 1
-    to :data:`~fleetcron.jobspec.MAX_COUNT`, which every store takes (a larger one fails
-    in a 64-bit argument, or in a Redis script's double)."""
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise ConfigurationError(f"limit must be a positive integer, got {limit!r}")
-    if limit > MAX_COUNT:
-        raise ConfigurationError(f"limit must be 1 to {MAX_COUNT}, got {limit}")
-    return limit
-
-
-def scheduler_options(
-    namespace: str,
-    url: StoreURL | None,
-    mode: str,
-    concurrency: int,
-    options: dict[str, Any],
-) -> SchedulerOptions:
-    """The options of a scheduler of a fleet; every problem is a ConfigurationError."""
-    if not isinstance(concurrency, int) or isinstance(concurrency, bool):
-        raise ConfigurationError(f"concurrency must be an integer, got {concurrency!r}")
-    known = set(SchedulerOptions.__dataclass_fields__) - {"namespace", "mode", "concurrency"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigurationError(
-            f"scheduler(): unknown option(s) {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(known))}"
-        )
-    options.setdefault("backend_url", url.raw if url is not None else None)
-    return SchedulerOptions(namespace=namespace, mode=mode, concurrency=concurrency, **options)
 
 
 def wait_micros(wait: DurationLike | None) -> int:
