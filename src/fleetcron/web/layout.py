@@ -50,6 +50,9 @@ h1{font-size:1.35rem;margin:.4rem 0 .8rem}
 h2{font-size:1.05rem;margin:1.6rem 0 .5rem}
 a{color:var(--accent)}
 .summary{display:flex;flex-wrap:wrap;gap:.5rem 1.2rem;align-items:center;margin-bottom:.8rem}
+.summary a.filter{text-decoration:none}
+.summary a.filter[aria-current] .badge{box-shadow:0 0 0 2px var(--bg),0 0 0 4px var(--fg)}
+.pager{display:flex;flex-wrap:wrap;gap:.4rem 1rem;align-items:baseline;margin:.6rem 0}
 .card{background:var(--card);border:1px solid var(--line);border-radius:8px;overflow-x:auto}
 table{border-collapse:collapse;width:100%}
 th,td{padding:.45rem .7rem;text-align:left;border-bottom:1px solid var(--line);

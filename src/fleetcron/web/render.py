@@ -5,12 +5,13 @@ clock, shown in UTC; everything from the store is escaped (:mod:`fleetcron.web.m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from urllib.parse import urlencode
 
 from fleetcron.health import JobHealth
 from fleetcron.models import LeaseRecord, ReplicaRecord, RunRecord, display_holder
 from fleetcron.queue_models import QueueStats
-from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, run_duration_us
+from fleetcron.status import FINGERPRINT_SHOWN, ORDER, FleetStatus, run_duration_us
 from fleetcron.web.layout import (
     CSP,
     REFRESH_S,
@@ -30,6 +31,7 @@ __all__ = [
     "REFRESH_S",
     "error_page",
     "index_page",
+    "index_path",
     "job_page",
     "job_path",
     "leases_page",
@@ -123,25 +125,86 @@ def _leader(status: FleetStatus) -> Html:
     )
 
 
-def index_page(status: FleetStatus) -> str:
-    """``/``: every job, worst first; the leader; the replicas."""
-    counts: dict[str, int] = {}
-    for health in status.jobs:
-        counts[health.state] = counts.get(health.state, 0) + 1
-    summary = el(
-        "div",
-        el("span", f"{len(status.jobs)} job(s)"),
-        [el("span", badge(f"{count} {state}", state)) for state, count in counts.items()],
-        _leader(status),
-        class_="summary",
+def index_path(number: int = 1, states: Iterable[str] | None = None) -> str:
+    """The address of page ``number`` (1 is the first) of the job list, of the jobs in
+    ``states`` only (every job when ``None``)."""
+    query = []
+    if states:
+        query.append(("state", ",".join(state for state in ORDER if state in states)))
+    if number > 1:
+        query.append(("page", str(number)))
+    return "/" + ("?" + urlencode(query, safe=",") if query else "")
+
+
+def _filters(status: FleetStatus) -> Html:
+    """Every job counted by state, worst first: each count shows those jobs only."""
+    chosen: frozenset[str] | None = status.page.states if status.page is not None else None
+    links = [
+        el(
+            "a",
+            badge(f"{count:,} {state}", state),
+            # The filter of one state shows it alone; again, every job.
+            href=index_path(1, None if chosen == frozenset({state}) else {state}),
+            class_="filter",
+            aria_current="true" if chosen is not None and state in chosen else None,
+            data_filter=state,
+        )
+        for state, count in status.totals.items()
+        if count
+    ]
+    every = el("a", "show all", href=index_path(), data_filter="all") if chosen else None
+    return join(el("span", f"{status.total:,} job(s)"), links, every)
+
+
+def _pager(status: FleetStatus) -> Html | None:
+    """Which jobs the page shows, and the way to the others: first, previous, next, last."""
+    page = status.page
+    if page is None or not page.limit:
+        return None
+    size, matched = page.limit, status.matched
+    number, last = page.offset // size + 1, max(1, -(-matched // size))
+    shown = (
+        f"jobs {page.offset + 1:,}–{page.offset + len(status.jobs):,} of {matched:,}"
+        if status.jobs
+        else f"{matched:,} job(s)"
     )
+
+    def step(label: str, target: int, rel: str | None = None) -> Html:
+        if target == number or not 1 <= target <= last:
+            return el("span", label, class_="muted")
+        return el("a", label, href=index_path(target, page.states), rel=rel, data_page=target)
+
+    return el(
+        "nav",
+        step("« first", 1),
+        step("‹ previous", min(number - 1, last), "prev"),  # from past the end: the last
+        el("span", f"{shown} · page {number:,} of {last:,}"),
+        step("next ›", number + 1, "next"),
+        step("last »", last),
+        class_="pager",
+        aria_label="pages of jobs",
+    )
+
+
+def _no_jobs(status: FleetStatus) -> str:
+    page = status.page
+    if status.total == 0:
+        return f"No jobs in namespace {status.namespace!r}: jobs register when a replica runs."
+    if status.matched == 0:
+        return "No job is in that state now."
+    size = page.limit if page is not None and page.limit else status.matched
+    return f"No jobs on this page: the list has {-(-status.matched // size):,} page(s)."
+
+
+def index_page(status: FleetStatus) -> str:
+    """``/``: the jobs worst first, a page at a time (``status`` is a paged read), every
+    job counted by state; the leader; the replicas."""
+    summary = el("div", _filters(status), _leader(status), class_="summary")
     header = ("Job", "State", "Schedule", "Next slot", "Last run", "Last success", "Holder",
               "Durations")  # fmt: skip
-    jobs = table(
-        header,
-        [_job_row(health, status.now_us) for health in status.jobs],
-        f"No jobs in namespace {status.namespace!r}: jobs register when a replica runs.",
-    )
+    rows = [_job_row(health, status.now_us) for health in status.jobs]
+    pager = _pager(status)
+    jobs = join(pager, table(header, rows, _no_jobs(status)), pager if rows else None)
     differing = status.differing_replicas
     replicas = table(
         ("Replica", "Mode", "State", "Version", "Started", "Last beat", "Jobs"),
