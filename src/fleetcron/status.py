@@ -2,8 +2,14 @@
 from the store in one operation (so the sync and the async face share it), and its JSON
 shape (``status --json`` and the dashboard's ``/api/status``).
 
-Reading costs one round trip for the job rows, one for the leases, one for the replicas
-and one per 500 selected jobs for their recent ledger rows.
+Reading every job costs one round trip for the job rows, one for the leases, one for the
+replicas and one per 500 selected jobs for their recent ledger rows. A paged read
+(:class:`Page`: the dashboard's job list) reads the ledger of the jobs it shows only: every
+job's state comes from its row (:func:`~fleetcron.health.row_state`), except for the jobs
+whose row cannot tell — a run in progress, found in one round trip through the index of
+running rows, or no success yet — which are assessed from their ledger as the shown ones
+are. So its cost follows the page and the jobs in trouble, not the size of the fleet; the
+counts by state (:attr:`FleetStatus.totals`) cover every job either way.
 
 The monitor's alert markers (lease rows named :data:`ALERT_MARKER_PREFIX`…, see
 :mod:`fleetcron.scheduling.monitor`) are bookkeeping, not locks: they come with the lease
@@ -14,10 +20,10 @@ list at no extra cost but are kept apart (:attr:`FleetStatus.markers`), so no li
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from fleetcron.health import JobHealth, assess
+from fleetcron.health import UNHEALTHY, JobHealth, JobState, assess, row_state
 from fleetcron.models import (
     FINAL_STATES,
     LEADER_LEASE,
@@ -36,11 +42,14 @@ __all__ = [
     "ALERT_MARKER_PREFIX",
     "FINGERPRINT_SHOWN",
     "HISTORY",
+    "ORDER",
     "FleetStatus",
+    "Page",
     "is_alert_marker",
     "iso",
     "job_json",
     "lease_json",
+    "page_json",
     "queue_json",
     "read_status",
     "read_status_in_turns",
@@ -69,24 +78,55 @@ def shown_leases(leases: Iterable[LeaseRecord]) -> list[LeaseRecord]:
     return [lease for lease in leases if not is_alert_marker(lease.name)]
 
 
+ORDER: tuple[JobState, ...] = ("overdue", "stuck", "failing", "unknown", "running", "ok", "paused")
+"""The states worst first: the order of a status read's jobs (then by name), and of its
+counts."""
+_RANK: dict[str, int] = {state: rank for rank, state in enumerate(ORDER)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Page:
+    """The part of the selected jobs a status read returns in full: worst first (then by
+    name), those in ``states`` (every state when ``None``), from the ``offset``-th (0 is
+    the first) on, at most ``limit`` of them (all when ``None``)."""
+
+    states: frozenset[JobState] | None = None
+    offset: int = 0
+    limit: int | None = None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FleetStatus:
     """A namespace at one instant of the store's clock."""
 
     namespace: str
     now_us: int
-    jobs: tuple[JobHealth, ...]
+    jobs: tuple[JobHealth, ...]  # every selected job, worst first; a page of them if paged
     leader: LeaseRecord | None  # the leader lease while held (leader mode)
     unknown_jobs: tuple[str, ...]  # asked for, but the store has no row of them
-    leases: tuple[LeaseRecord, ...] = ()  # the namespace's lease rows but markers, by name
-    markers: tuple[LeaseRecord, ...] = ()  # the monitor's alert markers, by name
+    leases: tuple[LeaseRecord, ...] = ()  # the lease rows but markers, by name (not paged)
+    markers: tuple[LeaseRecord, ...] = ()  # the monitor's alert markers, by name (not paged)
     replicas: tuple[ReplicaRecord, ...] = ()  # up, and gone within the retention, by id
     queues: tuple[QueueStats, ...] = ()  # the namespace's work queues, by name
+    totals: Mapping[str, int] = field(default_factory=dict)  # every selected job, by state
+    matched: int = 0  # the selected jobs in the page's states (all selected: not paged)
+    page: Page | None = None  # what was asked for; None: every selected job is in `jobs`
 
     @property
     def unhealthy(self) -> tuple[JobHealth, ...]:
-        """The jobs ``status --check`` fails on: overdue, failing or stuck."""
+        """The jobs of :attr:`jobs` that ``status --check`` fails on: overdue, failing or
+        stuck."""
         return tuple(health for health in self.jobs if not health.healthy)
+
+    @property
+    def healthy(self) -> bool:
+        """No selected job is overdue, failing or stuck — on the page or off it."""
+        return not any(self.totals.get(state) for state in UNHEALTHY)
+
+    @property
+    def total(self) -> int:
+        """How many jobs were selected (all of the namespace's, unless named)."""
+        return sum(self.totals.values())
 
     @property
     def differing_replicas(self) -> frozenset[str]:
@@ -117,9 +157,6 @@ class FleetStatus:
         )
 
 
-_ORDER = {"overdue": 0, "stuck": 1, "failing": 2, "unknown": 3, "running": 4, "ok": 5}
-
-
 def read_status(
     ops: Operations,
     namespace: str,
@@ -127,16 +164,25 @@ def read_status(
     *,
     history: int = HISTORY,
     queues: bool = True,
+    page: Page | None = None,
 ) -> Operation[FleetStatus]:
     """Read the health of ``jobs`` (all when ``None``), worst first, with the namespace's
-    leases, its alert markers apart, its replicas (up, and gone within
-    :data:`REPLICA_RETAIN_US`) and, unless ``queues`` is false (a reader that shows no
-    queue spares the store their count), its queues."""
+    replicas (up, and gone within :data:`REPLICA_RETAIN_US`) and, unless ``queues`` is
+    false (a reader that shows no queue spares the store their count), its queues.
+
+    Without ``page``, every selected job is assessed and returned, and the namespace's
+    leases come along, its alert markers apart. With ``page``, only the jobs of the page
+    are returned (and their ledger read); the others are counted by state in
+    :attr:`FleetStatus.totals`, and of the leases only the leader's is read."""
+    if page is not None:
+        return (yield from _read_page(ops, namespace, jobs, history, queues, page))
     fleet = yield from _read_fleet(ops, namespace, jobs, queues)
     healths: list[JobHealth] = []
-    for chunk in fleet.chunks():
-        ledgers = yield from ops.run_list_many(namespace, [row.job for row in chunk], history)
-        healths += (assess(row, runs) for row, runs in zip(chunk, ledgers, strict=True))
+    for chunk in _chunks(fleet.selected()):
+        ledgers = yield from ops.run_list_many(
+            namespace, [row.job for row in chunk], history, output=False
+        )
+        healths += fleet.assessed(chunk, ledgers)
     return fleet.status(healths)
 
 
@@ -153,11 +199,21 @@ async def read_status_in_turns(
     the store for long (a replica's monitor shares the store with its scheduling)."""
     fleet = await store.run(_read_fleet(store.ops, namespace, jobs, queues))
     healths: list[JobHealth] = []
-    for chunk in fleet.chunks():
+    for chunk in _chunks(fleet.selected()):
         names = [row.job for row in chunk]
-        ledgers = await store.run(store.ops.run_list_many(namespace, names, history))
-        healths += (assess(row, runs) for row, runs in zip(chunk, ledgers, strict=True))
+        ledgers = await store.run(store.ops.run_list_many(namespace, names, history, output=False))
+        healths += fleet.assessed(chunk, ledgers)
     return fleet.status(healths)
+
+
+def _rank(state: str) -> int:
+    return _RANK.get(state, len(ORDER))
+
+
+def _chunks(rows: list[JobRecord]) -> Iterable[list[JobRecord]]:
+    """``rows``, :data:`_LIST_BATCH` at a time: the jobs whose ledger one round trip reads."""
+    for start in range(0, len(rows), _LIST_BATCH):
+        yield rows[start : start + _LIST_BATCH]
 
 
 @dataclass(frozen=True)
@@ -172,14 +228,32 @@ class _Fleet:
     queues: list[QueueStats]
     now_us: int
 
-    def chunks(self) -> Iterable[list[JobRecord]]:
-        """The selected job rows, :data:`_LIST_BATCH` at a time."""
-        selected = [r for r in self.rows if self.wanted is None or r.job in self.wanted]
-        for start in range(0, len(selected), _LIST_BATCH):
-            yield selected[start : start + _LIST_BATCH]
+    def selected(self) -> list[JobRecord]:
+        """The rows of the selected jobs, by name."""
+        return [r for r in self.rows if self.wanted is None or r.job in self.wanted]
 
-    def status(self, healths: list[JobHealth]) -> FleetStatus:
-        healths.sort(key=lambda h: (_ORDER.get(h.state, 6), h.job))
+    def assessed(
+        self, rows: Sequence[JobRecord], ledgers: Sequence[Sequence[RunRecord]]
+    ) -> list[JobHealth]:
+        """The health of each job of ``rows`` from its ledger rows, every job at the one
+        instant of the read (so jobs of one schedule share their cron arithmetic)."""
+        return [
+            assess(row, runs, now_us=self.now_us) for row, runs in zip(rows, ledgers, strict=True)
+        ]
+
+    def status(
+        self,
+        healths: list[JobHealth],
+        *,
+        totals: Mapping[str, int] | None = None,
+        matched: int | None = None,
+        page: Page | None = None,
+    ) -> FleetStatus:
+        """The view model: ``healths`` worst first; ``totals`` and ``matched`` default to
+        what ``healths`` hold (an unpaged read)."""
+        healths.sort(key=lambda h: (_rank(h.state), h.job))
+        if totals is None:
+            totals = Counter(health.state for health in healths)
         leases = self.leases
         leader = next((le for le in leases if le.name == LEADER_LEASE and le.held), None)
         found = {row.job for row in self.rows}
@@ -189,23 +263,38 @@ class _Fleet:
             jobs=tuple(healths),
             leader=leader,
             unknown_jobs=tuple(sorted((self.wanted or set()) - found)),
-            leases=tuple(shown_leases(leases)),
-            markers=tuple(lease for lease in leases if is_alert_marker(lease.name)),
+            leases=tuple(shown_leases(leases)) if page is None else (),
+            markers=tuple(le for le in leases if is_alert_marker(le.name)) if page is None else (),
             replicas=tuple(self.replicas),
             queues=tuple(self.queues),
+            totals={state: totals.get(state, 0) for state in ORDER},
+            matched=len(healths) if matched is None else matched,
+            page=page,
         )
 
 
 def _read_fleet(
-    ops: Operations, namespace: str, jobs: Sequence[str] | None, queues: bool
+    ops: Operations,
+    namespace: str,
+    jobs: Sequence[str] | None,
+    queues: bool,
+    *,
+    leases: bool = True,
 ) -> Operation[_Fleet]:
+    """The job rows, the replicas, the queues' counts and the lease rows — or, without
+    ``leases``, only the leader's (the namespace holds a lease row per job, and an alert
+    marker per job alerted on: twice as many rows as jobs)."""
     rows = yield from ops.job_list(namespace)
-    leases = yield from ops.lease_list(namespace)
+    if leases:
+        lease_rows = yield from ops.lease_list(namespace)
+    else:
+        leader = yield from ops.lease_get(namespace, LEADER_LEASE)
+        lease_rows = [leader] if leader is not None else []
     replicas = yield from ops.replica_list(namespace, REPLICA_RETAIN_US)
     queue_stats = (yield from ops.queue_stats(namespace, None)) if queues else []
     if isinstance(jobs, str):
         jobs = [jobs]  # one job's name, not the characters of it
-    clocks = [row.now_us for row in rows] + [lease.now_us for lease in leases]
+    clocks = [row.now_us for row in rows] + [lease.now_us for lease in lease_rows]
     now = max(clocks + [replica.now_us for replica in replicas], default=0)
     if not now:
         now = yield from ops.store_now()
@@ -213,10 +302,64 @@ def _read_fleet(
         namespace=namespace,
         wanted=frozenset(jobs) if jobs is not None else None,
         rows=rows,
-        leases=leases,
+        leases=lease_rows,
         replicas=replicas,
         queues=queue_stats,
         now_us=now,
+    )
+
+
+def _read_page(
+    ops: Operations,
+    namespace: str,
+    jobs: Sequence[str] | None,
+    history: int,
+    queues: bool,
+    page: Page,
+) -> Operation[FleetStatus]:
+    """:func:`read_status` of one page: every selected job's state, the page's health."""
+    fleet = yield from _read_fleet(ops, namespace, jobs, queues, leases=False)
+    rows = fleet.selected()
+    now = fleet.now_us
+    # A run in progress decides between running, stuck and the rest, and whether it is
+    # stuck depends on the job's recent durations: such jobs are assessed in full. The
+    # runs in progress come from the index of running rows, not from every job's ledger.
+    running = (
+        (yield from ops.run_running(namespace, [row.job for row in rows], history)) if rows else []
+    )
+    held = {run.job for run in running if (run.expires_us or 0) > now}
+    states: dict[str, str] = {}
+    unsure: list[JobRecord] = []
+    for row in rows:
+        state = row_state(row, now_us=now) if row.job not in held else None
+        if state is None:
+            unsure.append(row)
+        else:
+            states[row.job] = state
+    full: dict[str, JobHealth] = {}
+    for chunk in _chunks(unsure):
+        ledgers = yield from ops.run_list_many(
+            namespace, [row.job for row in chunk], history, output=False
+        )
+        full.update((h.job, h) for h in fleet.assessed(chunk, ledgers))
+    states.update((job, health.state) for job, health in full.items())
+
+    ordered = sorted(rows, key=lambda row: (_rank(states[row.job]), row.job))
+    wanted = page.states
+    matched = [row for row in ordered if wanted is None or states[row.job] in wanted]
+    end = None if page.limit is None else page.offset + page.limit
+    shown = matched[page.offset : end]
+    for chunk in _chunks([row for row in shown if row.job not in full]):
+        ledgers = yield from ops.run_list_many(
+            namespace, [row.job for row in chunk], history, output=False
+        )
+        full.update((h.job, h) for h in fleet.assessed(chunk, ledgers))
+    states.update((row.job, full[row.job].state) for row in shown)
+    return fleet.status(
+        [full[row.job] for row in shown],
+        totals=Counter(states.values()),
+        matched=len(matched),
+        page=page,
     )
 
 
@@ -295,14 +438,29 @@ def replica_json(replica: ReplicaRecord, *, differs: bool = False) -> dict[str, 
     }
 
 
+def page_json(status: FleetStatus) -> dict[str, object] | None:
+    """Which part of the jobs ``jobs`` holds: ``None`` when it holds every selected job."""
+    page = status.page
+    if page is None:
+        return None
+    return {
+        "offset": page.offset,
+        "limit": page.limit,
+        "state": None if page.states is None else [s for s in ORDER if s in page.states],
+        "matched": status.matched,
+    }
+
+
 def status_json(status: FleetStatus) -> dict[str, object]:
-    """The whole of ``status --json`` (and the dashboard's ``/api/status``)."""
+    """The whole of ``status --json`` (and the dashboard's ``/api/status``): ``healthy``
+    and ``totals`` (jobs by state, worst first) cover every selected job, ``jobs`` the
+    page of them that ``page`` describes (``null``: all of them)."""
     leader = status.leader
     differing = status.differing_replicas
     return {
         "namespace": status.namespace,
         "now": iso(status.now_us),
-        "healthy": not status.unhealthy,
+        "healthy": status.healthy,
         "leader": None
         if leader is None
         else {
@@ -310,6 +468,9 @@ def status_json(status: FleetStatus) -> dict[str, object]:
             "fence": leader.fence,
             "since": iso(leader.acquired_us),
         },
+        "totals": dict(status.totals),
+        "total": status.total,
+        "page": page_json(status),
         "jobs": [job_json(health) for health in status.jobs],
         "replicas": [
             replica_json(replica, differs=replica.replica_id in differing)

@@ -1419,6 +1419,56 @@ def test_run_list_many_answers_each_job_as_run_list_would_in_input_order(ledger:
     assert many(["a", "b"], 0) == [[], []]
 
 
+def test_run_list_many_without_output_leaves_only_the_output_out(ledger: Ledger) -> None:
+    [slot] = ledger.past_slots(1)
+    run = ledger.must_claim("a", slot)
+    assert ledger.finish(run, "failed", exit_code=3, error="boom", output="a long tail\n" * 50)
+
+    [[whole]] = ledger.store.run(ledger.ops.run_list_many(ledger.namespace, ["a"], 5))
+    [[bare]] = ledger.store.run(ledger.ops.run_list_many(ledger.namespace, ["a"], 5, output=False))
+
+    assert whole.output == "a long tail\n" * 50
+    assert bare.output is None
+    assert stored(bare) == dataclasses.replace(stored(whole), output=None)
+
+
+def test_run_running_is_what_run_list_many_holds_of_the_runs_in_progress(ledger: Ledger) -> None:
+    s0, s1, s2, s3, s4 = ledger.past_slots(5)
+    for slot in (s0, s1, s2):
+        assert ledger.record("a", slot, "skipped")
+    held = ledger.must_claim("a", s3, exclusive=False)  # newest: running
+    ledger.must_claim("b", s0, exclusive=False)  # running, but under three newer rows
+    for slot in (s1, s2, s3):
+        assert ledger.record("b", slot, "missed")
+    lapsed = ledger.must_claim("c", s4, exclusive=False, ttl_us=1)  # its holder vanished
+    done = ledger.must_claim("d", s4, exclusive=False)
+    assert ledger.finish(done)
+    ledger.elsewhere().must_claim("a", s4)  # another namespace
+    ledger.must_claim("e", s4, exclusive=False)  # not asked for
+    jobs = ["a", "b", "c", "d", "nobody"]
+
+    def running(limit: int) -> list[RunRecord]:
+        return ledger.store.run(ledger.ops.run_running(ledger.namespace, jobs, limit))
+
+    def expected(limit: int) -> list[tuple[str, int]]:
+        listed = ledger.store.run(ledger.ops.run_list_many(ledger.namespace, jobs, limit))
+        return sorted(
+            ((run.job, run.slot_us) for rows in listed for run in rows if run.state == "running"),
+            key=lambda pair: (pair[0], -pair[1]),
+        )
+
+    assert [(run.job, run.slot_us) for run in running(3)] == expected(3)
+    assert expected(3) == [("a", s3), ("c", s4)]
+    assert [(run.job, run.slot_us) for run in running(4)] == expected(4)
+    assert expected(4) == [("a", s3), ("b", s0), ("c", s4)]
+    found = {run.job: run for run in running(50)}
+    assert stored(found["a"]) == stored(held)
+    assert found["c"].expires_us == lapsed.expires_us
+    assert all(run.namespace == ledger.namespace for run in found.values())
+    assert ledger.store.run(ledger.ops.run_running(ledger.namespace, [], 50)) == []
+    assert running(0) == []
+
+
 def test_run_prune_keeps_the_newest_final_rows_per_job_and_every_running_row(
     ledger: Ledger,
 ) -> None:

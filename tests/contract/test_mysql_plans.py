@@ -8,7 +8,9 @@ of the namespace at each poll (200,000 rows a poll at 400,000 in the ledger). Th
 counts the rows the server's handlers read for a poll (``Handler_read%``), grows the
 finished history tenfold (1 % of it failed) and counts again, with and without fresh
 statistics. The index by state holds the failed rows with no retry left too, and a poll
-reads them: its cost grows with a fleet's failures, not with its history.
+reads them: its cost grows with a fleet's failures, not with its history. The read of the
+runs in progress (a paged status read, at every page) takes the same index for its one
+state and reads neither.
 """
 
 from __future__ import annotations
@@ -121,3 +123,51 @@ def test_the_recovery_poll_does_not_read_the_finished_history(
     # that reads the open and the failed rows reads the failed rows added, no more.
     assert failed > 100
     assert big - small <= 1.2 * failed + 50, (small, big, failed)
+
+
+NEWEST = 20  # a running row counts among its job's newest NEWEST rows
+
+
+def _running_reads(store: MysqlStore) -> tuple[int, int]:
+    """(rows read by one read of the runs in progress, rows it returned)."""
+    conn = store._connection()
+    idle = _rows_read(conn)
+    overhead = _rows_read(conn) - idle
+    before = _rows_read(conn)
+    jobs = [f"job-{j:05d}" for j in range(JOBS)]
+    running = store.run(store.ops.run_running("ns-1", jobs, NEWEST))
+    return _rows_read(conn) - before - overhead, len(running)
+
+
+@pytest.mark.parametrize("statistics", [False, True], ids=["as-left", "analyzed"])
+def test_the_running_rows_are_read_without_the_finished_or_failed_ones(
+    store: MysqlStore, statistics: bool
+) -> None:
+    # A paged status read asks for the runs in progress at every page.
+    conn = store._connection()
+    _add_finished(conn, 0, 10)
+    with conn.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO fleetcron_run (namespace, job, slot_us, state, attempt, fence,
+                                          holder, run_id, `trigger`, started_us, expires_us)
+               VALUES ('ns-1', %s, %s, 'running', 1, 1, 'h', 'r', 'schedule', 1, %s)""",
+            [(f"job-{j:05d}", SLOT_US + 1000 * 1_000_000, 2 * SLOT_US) for j in range(3)],
+        )
+    conn.commit()
+    if statistics:
+        with conn.cursor() as cur:
+            cur.execute("ANALYZE TABLE fleetcron_run")
+            cur.fetchall()
+    small, found_small = _running_reads(store)
+    _add_finished(conn, 10, 90)
+    if statistics:
+        with conn.cursor() as cur:
+            cur.execute("ANALYZE TABLE fleetcron_run")
+            cur.fetchall()
+    big, found_big = _running_reads(store)
+
+    assert found_small == found_big == 3
+    # Each running row, and its job's newer rows up to NEWEST of them: not the history,
+    # nor the failed rows the index by state holds as well.
+    assert _failed_rows(conn) > 100
+    assert big <= 3 * (NEWEST + 2) + 20, (small, big)

@@ -154,6 +154,37 @@ def test_the_settled_read_looks_each_slot_up_instead_of_hashing_the_namespace(
     assert len(answered) == len(pairs) - 1
 
 
+def test_the_running_rows_are_read_without_the_finished_or_failed_ones() -> None:
+    # A paged status read asks for the runs in progress at every page; the index of open
+    # rows holds every failed row as well, kept for the retention.
+    with _ledger(JOBS, 30) as url, psycopg.connect(url, autocommit=True) as conn:
+        for state, slots, jobs in (("running", [1000], 5), ("failed", range(1001, 1021), JOBS)):
+            conn.execute(
+                """INSERT INTO fleetcron_run
+                     (namespace, job, slot_us, state, attempt, fence, holder, run_id, trigger,
+                      started_us, expires_us)
+                   SELECT 'ns-1', 'job-' || lpad(j::text, 5, '0'), %(base)s + s * 1000000,
+                          %(state)s, 1, 1, 'h', 'r', 'schedule', 1, %(base)s * 2
+                     FROM generate_series(1, %(jobs)s) j, unnest(%(slots)s::bigint[]) s""",
+                {"base": SLOT_US, "state": state, "slots": list(slots), "jobs": jobs},
+            )
+        conn.execute("ANALYZE fleetcron_run")
+        sql = load_queries("postgres")["run_running"]
+        nodes = _executed(conn, sql, {"namespace": "ns-1", "skip": 49})
+        answered = conn.execute(sql, {"namespace": "ns-1", "skip": 49}).fetchall()
+
+    assert len(answered) == 5
+    scans = [node for node in nodes if "Scan" in node["Node Type"]]
+    assert any(node.get("Index Name") == "fleetcron_run_running" for node in scans), scans
+    read = sum(
+        (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+        for node in scans
+    )
+    # Each running row and, for each, its job's rows newer than it (a bounded walk): not
+    # the 3,600 finished or the 800 failed rows of the namespace.
+    assert read <= 5 * 60, (read, scans)
+
+
 def test_history_reads_are_planned_at_each_call_and_claims_are_prepared(namespace: str) -> None:
     # A prepared plan lasts as long as the connection: a job's history read planned while
     # the ledger was empty went on reading the whole namespace for every job. Such reads
@@ -176,6 +207,7 @@ def test_history_reads_are_planned_at_each_call_and_claims_are_prepared(namespac
             )
             assert answer.run is not None
             store.run(ops.run_list_many(namespace, ["j", "k"], 50))
+            store.run(ops.run_running(namespace, ["j", "k"], 50))
             store.run(ops.run_list(namespace, "j", 50))
             store.run(ops.run_list(namespace, None, 50))
             store.run(ops.run_settled(namespace, [("j", slot)]))
@@ -187,7 +219,8 @@ def test_history_reads_are_planned_at_each_call_and_claims_are_prepared(namespac
 
     queries = load_queries("postgres")
     assert _as_prepared(queries["run_claim"]) in texts, texts
-    for name in ("run_list", "run_list_job", "run_list_many", "run_settled", "run_due"):
+    planned = ("run_list", "run_list_job", "run_list_many", "run_running", "run_settled", "run_due")
+    for name in planned:
         assert _as_prepared(queries[name]) not in texts, name
 
 

@@ -12,7 +12,7 @@ an attempted slot again: a retry of a failed attempt or the recovery of a vanish
 ``run_extend`` and ``expire_run`` (the holder vanishes), ``run_finish`` (every outcome,
 retry delay and output size, also with a stale fence), ``run_record``, ``job_register``,
 ``job_set_paused``, ``run_cancel``, ``job_delete``, ``run_prune``, ``run_prune_job``; and the
-reads ``run_due``, ``run_settled`` and the namespace-wide listings.
+reads ``run_due``, ``run_settled``, ``run_running`` and the namespace-wide listings.
 
 What a passing run proves, for every program it ran:
 
@@ -1016,6 +1016,16 @@ class StoreModel(RuleBasedStateMachine):
         self.check(
             f"run_due(limit={limit}, jobs={jobs})",
             lambda ops, _: ops.run_due(self.ns, limit, jobs),
+            per_row=True,
+            read_only=True,
+        )
+
+    @rule(limit=st.sampled_from((1, 2, 50)), jobs=st.sampled_from((JOBS, JOBS[1:], ())))
+    def running(self, limit: int, jobs: tuple[str, ...]) -> None:
+        """The runs in progress among each job's newest rows (a paged status read)."""
+        self.check(
+            f"run_running({jobs}, {limit})",
+            lambda ops, _: ops.run_running(self.ns, list(jobs), limit),
             per_row=True,
             read_only=True,
         )

@@ -6,7 +6,10 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from fleetcron.health import MIN_GRACE_US, assess, expected_slot
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from fleetcron.health import MIN_GRACE_US, assess, expected_slot, row_state
 from fleetcron.models import JobRecord, RunRecord
 from fleetcron.schedules import CronSchedule, EverySchedule, from_datetime
 
@@ -172,3 +175,83 @@ def test_a_job_without_a_registered_schedule_is_unknown_not_ok() -> None:
     assert assess(bare, []).state == "unknown"
     failing = replace(bare, last_failure_us=T0)
     assert assess(failing, []).state == "failing"
+
+
+def test_the_row_alone_tells_the_state_of_a_job_that_succeeded_before() -> None:
+    now = T0 + 60 * MIN
+    healthy = job(now_us=now, last_success_us=now - 2 * MIN, high_water_us=now - 5 * MIN)
+    assert row_state(healthy) == "ok"
+    late = job(now_us=now, last_success_us=T0 + 2 * S, high_water_us=T0)
+    assert row_state(late) == "overdue"
+    failed = job(now_us=now, last_success_us=now - 4 * MIN, last_failure_us=now - 2 * MIN)
+    assert row_state(failed) == "failing"
+    assert row_state(replace(late, paused=True)) == "paused"
+    assert row_state(replace(late, definition="{}")) == "unknown"
+    never = job(now_us=now, last_failure_us=now - MIN)
+    assert row_state(never) is None, "first seen depends on the ledger's oldest rows"
+
+
+_SCHEDULES = [
+    {"kind": "every", "every_us": 30 * S},
+    {"kind": "every", "every_us": 5 * MIN},
+    {"kind": "every", "every_us": 60 * MIN},
+    {"kind": "cron", "expression": "*/10 * * * *", "timezone": "UTC"},
+    {"kind": "cron", "expression": "30 2 * * *", "timezone": "Europe/Berlin"},
+    {"kind": "cron", "expression": "0 9 * * 1-5", "timezone": "America/New_York"},
+]
+# Around T0, and around the night Berlin's clocks go forward (2027-03-28).
+_NOWS = [T0, 1_806_195_600 * S]
+
+
+@st.composite
+def _rows_and_ledgers(draw: st.DrawFn) -> tuple[JobRecord, list[RunRecord], int]:
+    now = draw(st.sampled_from(_NOWS)) + draw(st.integers(0, 3 * 24 * 3600)) * S
+
+    def moment() -> int | None:  # often within the last hours, when most verdicts turn
+        back = st.sampled_from([3 * MIN, 2 * 3600 * S, 3 * 24 * 3600 * S])
+        return draw(st.one_of(st.none(), back.flatmap(lambda b: st.integers(now - b, now))))
+
+    definition: dict[str, object] = {
+        "schedule": draw(st.sampled_from(_SCHEDULES)),
+        "grace_us": draw(st.sampled_from([None, 30 * S, 2 * MIN, 90 * MIN])),
+    }
+    row = JobRecord(
+        namespace="ns",
+        job="report",
+        paused=draw(st.integers(0, 9)) == 0,
+        definition=json.dumps(definition) if draw(st.integers(0, 9)) else "{}",
+        fingerprint="f" * 32,
+        high_water_us=moment(),
+        last_success_us=moment(),
+        last_failure_us=moment(),
+        updated_us=draw(st.integers(now - 4 * 24 * 3600 * S, now)),
+        now_us=now,
+    )
+    slots = sorted(
+        draw(st.sets(st.integers(now - 5 * 24 * 3600 * S, now), max_size=8)), reverse=True
+    )
+    states = ["succeeded", "failed", "skipped", "missed", "lost", "queued", "running"]
+    ledger = []
+    for slot in slots:
+        made = run(slot, draw(st.sampled_from(states)), now_us=now)
+        if made.state == "running":  # a run whose holder vanished: its lease expired
+            made = replace(made, expires_us=now - draw(st.integers(0, 60)) * S)
+        ledger.append(made)
+    return row, ledger, now + draw(st.integers(0, 5)) * S
+
+
+@settings(max_examples=400, deadline=None)
+@given(_rows_and_ledgers())
+def test_the_state_from_the_row_is_the_state_assess_gives_while_no_run_holds_the_job(
+    case: tuple[JobRecord, list[RunRecord], int],
+) -> None:
+    row, ledger, now = case
+    state = row_state(row, now_us=now)
+    whole = assess(row, ledger, now_us=now)
+    event(f"{state} / {whole.state}")
+    if state is None:
+        assert row.last_success_us is None
+        assert not row.paused
+        assert row.definition != "{}"
+    else:
+        assert state == whole.state

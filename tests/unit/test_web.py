@@ -4,6 +4,7 @@ the token, and nothing changed by a refused one."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import TypeVar
 
@@ -28,6 +29,7 @@ MIN = 60 * S
 T0 = 1_800_000_000 * S  # on a minute boundary
 TOKEN = "a-long-random-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PAGE_SIZE = 50  # jobs on a page of the job list
 
 
 def _definition(every_us: int = MIN, lock_at_most_us: int = 30 * S) -> str:
@@ -352,3 +354,121 @@ def test_the_index_shows_each_queue_with_its_dead_items(
     status = client.get("/api/status").json()
     assert status["queues"][0]["queue"] == "mail<x>"
     assert (status["queues"][0]["ready"], status["queues"][0]["dead"]) == (2, 1)
+
+
+def _many(store: MemoryStore, count: int) -> list[str]:
+    """``count`` more jobs, registered just now (``ok``): names sort after the fixture's."""
+    names = [f"sweep-{index:03d}" for index in range(count)]
+    store.run(store.ops.job_register(NS, [(name, _definition(), "0" * 32) for name in names]))
+    return names
+
+
+def _rows(page: str) -> list[str]:
+    return re.findall(r'<tr data-job="([^"]+)"', page)
+
+
+def test_the_job_list_is_paged_worst_first_with_links_between_pages(
+    store: MemoryStore, client: TestClient
+) -> None:
+    names = _many(store, 2 * PAGE_SIZE + 10)  # three pages with the fixture's two jobs
+    everything = [job["job"] for job in client.get("/api/status").json()["jobs"]]
+    assert everything[:2] == ["export", "report"]  # overdue first, then the ok ones by name
+
+    first = client.get("/").text
+    assert _rows(first) == everything[:PAGE_SIZE]
+    assert "jobs 1–50 of 112 · page 1 of 3" in first
+    assert '<a href="/?page=2" rel="next" data-page="2">next ›</a>' in first
+    assert '<a href="/?page=3" data-page="3">last »</a>' in first
+    assert "‹ previous" in first  # shown, not a link, on the first page
+    assert 'rel="prev"' not in first
+    assert 'data-filter="overdue"' in first  # each count shows those jobs
+    assert "112 job(s)" in first
+
+    last = client.get("/?page=3").text
+    assert _rows(last) == everything[2 * PAGE_SIZE :] == names[-12:]
+    assert '<a href="/?page=2" rel="prev" data-page="2">‹ previous</a>' in last
+    assert 'rel="next"' not in last
+    past = client.get("/?page=9")
+    assert past.status_code == 200
+    assert _rows(past.text) == []
+    assert "No jobs on this page: the list has 3 page(s)." in past.text
+    assert '<a href="/?page=3" rel="prev" data-page="3">‹ previous</a>' in past.text
+
+
+def test_the_job_list_filters_by_state_and_keeps_the_filter_from_page_to_page(
+    store: MemoryStore, client: TestClient
+) -> None:
+    _many(store, 2 * PAGE_SIZE)
+    ok = client.get("/?state=ok&page=2").text
+    assert len(_rows(ok)) == PAGE_SIZE  # 101 ok jobs: 50, 50, 1
+    assert "export" not in _rows(ok)
+    assert _rows(client.get("/?state=ok&page=3").text) == ["sweep-099"]
+    assert '<a href="/?state=ok&amp;page=3" rel="next" data-page="3">next ›</a>' in ok
+    assert '<a href="/?state=ok" rel="prev" data-page="1">‹ previous</a>' in ok
+    assert 'aria-current="true" data-filter="ok"' in ok
+    assert '<a href="/" data-filter="all">show all</a>' in ok
+    trouble = client.get("/?state=failing,overdue").text
+    assert _rows(trouble) == ["export"]
+    assert client.get("/?state=stuck").text.count("No job is in that state now.") == 1
+    # The page reloads itself as it is: only a shown notice leaves the address.
+    assert "location.reload()" in ok
+    assert 'u.searchParams.delete("done")' in ok
+
+
+def test_api_status_pages_when_asked_and_counts_every_job_in_every_answer(
+    store: MemoryStore, client: TestClient
+) -> None:
+    _many(store, 10)
+    everything = client.get("/api/status").json()
+    assert everything["page"] is None
+    assert len(everything["jobs"]) == everything["total"] == 12
+    assert everything["totals"]["ok"] == 11
+    assert everything["totals"]["overdue"] == 1
+
+    page = client.get("/api/status?limit=3&offset=2&state=ok").json()
+    assert page["page"] == {"offset": 2, "limit": 3, "state": ["ok"], "matched": 11}
+    assert [job["job"] for job in page["jobs"]] == [job["job"] for job in everything["jobs"][3:6]]
+    assert page["totals"] == everything["totals"]
+    assert page["healthy"] is False  # export is overdue, on this page or not
+    repeated = client.get("/api/status?state=overdue&state=ok&limit=1").json()
+    assert repeated["page"]["state"] == ["overdue", "ok"]
+    assert [job["job"] for job in repeated["jobs"]] == ["export"]
+    rest = client.get("/api/status?offset=10").json()
+    assert [job["job"] for job in rest["jobs"]] == [job["job"] for job in everything["jobs"][10:]]
+    assert rest["page"]["limit"] is None
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("limit=0", "limit must be a whole number from 1 to 1000, not '0'"),
+        ("limit=1001", "limit must be a whole number from 1 to 1000, not '1001'"),
+        ("limit=ten", "limit must be a whole number from 1 to 1000, not 'ten'"),
+        ("limit=", "limit must be a whole number from 1 to 1000, not ''"),
+        ("offset=-1", "offset must be a whole number of at least 0, not '-1'"),
+        ("offset=" + "9" * 40, "offset must be a whole number of at least 0, not '999"),
+        ("state=late", "state must be one or more of overdue, stuck, failing, unknown, running"),
+    ],
+)
+def test_bad_paging_parameters_are_refused_with_what_is_wanted(
+    client: TestClient, query: str, message: str
+) -> None:
+    response = client.get(f"/api/status?{query}")
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("page=0", "page must be a whole number of at least 1, not '0'"),
+        ("page=last", "page must be a whole number of at least 1, not 'last'"),
+        ("state=OK", "state must be one or more of"),
+    ],
+)
+def test_a_bad_page_of_the_job_list_is_a_400_page_that_says_why(
+    client: TestClient, query: str, message: str
+) -> None:
+    response = client.get(f"/?{query}")
+    assert response.status_code == 400
+    assert message in response.text

@@ -370,10 +370,22 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         ...
 
     def run_list_many(
-        self, namespace: str, jobs: Sequence[str], limit: int
+        self, namespace: str, jobs: Sequence[str], limit: int, *, output: bool = True
     ) -> Operation[list[list[RunRecord]]]:
         """:meth:`run_list` of each of ``jobs`` (its newest ``limit`` rows, newest slot
-        first), in input order, in one round trip."""
+        first), in input order, in one round trip. Without ``output`` the rows come without
+        it (``None``): the bulk of a ledger row, which a reader of many jobs' health never
+        shows, is then neither sent nor decoded."""
+        ...
+
+    def run_running(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[RunRecord]]:
+        """The rows in state ``running`` (their lease expired or not) among the newest
+        ``limit`` rows of each of ``jobs``: what :meth:`run_list_many` of ``jobs`` holds
+        of the runs in progress, by job then newest slot first, in one round trip and
+        without reading the other rows — the SQL stores through an index of the running
+        rows alone, Redis by the state of each job's newest ``limit`` rows."""
         ...
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:

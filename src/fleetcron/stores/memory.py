@@ -350,7 +350,7 @@ class _MemoryLedger:
         return result
 
     def run_list_many(
-        self, namespace: str, jobs: Sequence[str], limit: int
+        self, namespace: str, jobs: Sequence[str], limit: int, *, output: bool = True
     ) -> Operation[list[list[RunRecord]]]:
         def step(state: _State, now: int) -> list[list[RunRecord]]:
             if limit <= 0:
@@ -358,12 +358,32 @@ class _MemoryLedger:
             by_job: dict[str, list[RunRecord]] = {job: [] for job in jobs}
             for (ns, name, _), run in state.runs.items():
                 if ns == namespace and name in by_job:
-                    by_job[name].append(replace(run, now_us=now))
+                    kept = run.output if output else None
+                    by_job[name].append(replace(run, output=kept, now_us=now))
             for rows in by_job.values():
                 rows.sort(key=lambda run: -run.slot_us)
             return [by_job[job][:limit] for job in jobs]
 
         result: list[list[RunRecord]] = yield _step(step)
+        return result
+
+    def run_running(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[RunRecord]]:
+        def step(state: _State, now: int) -> list[RunRecord]:
+            if limit <= 0:
+                return []
+            by_job: dict[str, list[RunRecord]] = {job: [] for job in jobs}
+            for (ns, name, _), run in state.runs.items():
+                if ns == namespace and name in by_job:
+                    by_job[name].append(run)
+            found: list[RunRecord] = []
+            for job in sorted(by_job):
+                newest = sorted(by_job[job], key=lambda run: -run.slot_us)[:limit]
+                found += (replace(r, now_us=now) for r in newest if r.state == "running")
+            return found
+
+        result: list[RunRecord] = yield _step(step)
         return result
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:

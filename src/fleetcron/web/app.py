@@ -2,7 +2,10 @@
 
 Every request reads the store afresh (one operation: :func:`~fleetcron.status.read_status`,
 plus the ledger on a job's page); the pages and the JSON come from the same view model, and
-``/api/status`` is exactly ``fleetcron status --json``.
+``/api/status`` is exactly ``fleetcron status --json``. The job list is paged
+(:data:`PAGE_SIZE` jobs, worst first, ``?page=N&state=S,...``), and so is ``/api/status``
+when asked (``?limit=N&offset=N&state=S,...``; by default it holds every job): a page
+reads the ledger of its own jobs only (:class:`~fleetcron.status.Page`).
 
 Actions (trigger, pause, resume) need the token the dashboard was started with:
 ``Authorization: Bearer <token>`` on the API, the token typed into the job page's form on
@@ -31,12 +34,14 @@ from starlette.routing import Route
 
 from fleetcron._log import log
 from fleetcron.errors import ConfigurationError, StoreError
-from fleetcron.health import JobHealth
+from fleetcron.health import JobHealth, JobState
 from fleetcron.models import RunRecord
 from fleetcron.names import validate_job_name
 from fleetcron.schedules import from_datetime, iso_utc
 from fleetcron.status import (
+    ORDER,
     FleetStatus,
+    Page,
     lease_json,
     read_status,
     run_json,
@@ -48,11 +53,14 @@ from fleetcron.web import render
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
-__all__ = ["LOOPBACK_HOSTS", "TOKEN_ENV", "create_app"]
+__all__ = ["LOOPBACK_HOSTS", "MAX_STATUS_LIMIT", "PAGE_SIZE", "TOKEN_ENV", "create_app"]
 
 TOKEN_ENV = "FLEETCRON_WEB_TOKEN"
 LEDGER_ROWS = 50  # ledger rows a job's page and /runs show unless ?limit= says otherwise
 MAX_LEDGER_ROWS = 1000
+PAGE_SIZE = 50  # jobs on a page of the job list
+MAX_STATUS_LIMIT = 1000  # jobs in a page of /api/status (without ?limit=, every job)
+_DIGITS = 12  # a count or a position longer than this is refused before int() reads it
 _FORM_LIMIT = 4096  # bytes: a form holds one token
 _SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -74,7 +82,8 @@ class _Refused(Exception):
 def _job_view(
     ops: Operations, namespace: str, job: str, limit: int
 ) -> Operation[tuple[FleetStatus, JobHealth | None, list[RunRecord]]]:
-    status = yield from read_status(ops, namespace, [job], queues=False)
+    # As one page: no lease rows but the leader's (a namespace holds one per job).
+    status = yield from read_status(ops, namespace, [job], queues=False, page=Page())
     health = next((h for h in status.jobs if h.job == job), None)
     runs = (yield from ops.run_list(namespace, job, limit)) if health is not None else []
     return status, health, runs
@@ -120,6 +129,55 @@ def _limit(request: Request) -> int:
     return int(text)
 
 
+def _whole(request: Request, name: str, low: int, high: int | None = None) -> int | None:
+    """The query parameter ``name`` as a whole number from ``low`` to ``high`` (``None``
+    when absent); anything else is a 400 that says what is wanted."""
+    text = request.query_params.get(name)
+    if text is None:
+        return None
+    number = int(text) if text.isascii() and text.isdigit() and len(text) <= _DIGITS else -1
+    if number < low or (high is not None and number > high):
+        wanted = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise HTTPException(400, f"{name} must be a whole number {wanted}, not {text!r}")
+    return number
+
+
+def _states(request: Request) -> frozenset[JobState] | None:
+    """The ``state`` filter: states, comma-separated or repeated (``None``: every state)."""
+    asked = [
+        word.strip()
+        for value in request.query_params.getlist("state")
+        for word in value.split(",")
+        if word.strip()
+    ]
+    if not asked:
+        return None
+    known: dict[str, JobState] = {state: state for state in ORDER}
+    unknown = [word for word in asked if word not in known]
+    if unknown:
+        raise HTTPException(
+            400, f"state must be one or more of {', '.join(ORDER)}, not {unknown[0]!r}"
+        )
+    return frozenset(known[word] for word in asked)
+
+
+def _status_page(request: Request) -> Page | None:
+    """The part of the jobs ``/api/status`` was asked for: ``None`` (every job) without
+    ``limit``, ``offset`` and ``state``."""
+    limit = _whole(request, "limit", 1, MAX_STATUS_LIMIT)
+    offset = _whole(request, "offset", 0)
+    states = _states(request)
+    if limit is None and offset is None and states is None:
+        return None
+    return Page(states=states, offset=offset or 0, limit=limit)
+
+
+def _list_page(request: Request) -> Page:
+    """The page of the job list ``/`` was asked for (``?page=N``, 1 the first)."""
+    number = _whole(request, "page", 1) or 1
+    return Page(states=_states(request), offset=(number - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+
+
 def _slot(request: Request) -> int | None:
     text = request.query_params.get("slot")
     if text is None:
@@ -161,9 +219,11 @@ def create_app(
     ``allowed_hosts``: the ``Host`` headers answered (``None``: any) — a dashboard on the
     loopback answers only ``localhost`` names, so a web page cannot reach it through a
     DNS name rebound to 127.0.0.1 and read it.
-    Pages: ``/``, ``/jobs/{name}``, ``/leases``. API: ``GET /api/status``,
-    ``GET /api/leases``, ``GET /api/jobs/{name}/runs``, ``POST /api/jobs/{name}/trigger``
-    (``?slot=ISO`` optional), ``POST /api/jobs/{name}/pause``, ``.../resume``.
+    Pages: ``/`` (``?page=N``, ``?state=S,...``), ``/jobs/{name}``, ``/leases``. API:
+    ``GET /api/status`` (``?limit=N``, ``?offset=N``, ``?state=S,...``; every job without
+    them), ``GET /api/leases``, ``GET /api/jobs/{name}/runs``, ``POST
+    /api/jobs/{name}/trigger`` (``?slot=ISO`` optional), ``POST /api/jobs/{name}/pause``,
+    ``.../resume``.
     """
     secret = token.encode() if token else None
     ops = store.ops
@@ -223,7 +283,7 @@ def create_app(
 
     # -- pages -----------------------------------------------------------------------------
     async def index(request: Request) -> Response:
-        status = await store.run(read_status(ops, namespace))
+        status = await store.run(read_status(ops, namespace, page=_list_page(request)))
         return _html(render.index_page(status))
 
     async def leases(request: Request) -> Response:
@@ -274,7 +334,8 @@ def create_app(
 
     # -- the API ---------------------------------------------------------------------------
     async def api_status(request: Request) -> Response:
-        return _json(status_json(await store.run(read_status(ops, namespace))))
+        page = _status_page(request)
+        return _json(status_json(await store.run(read_status(ops, namespace, page=page))))
 
     async def api_leases(request: Request) -> Response:
         leases = shown_leases(await store.run(ops.lease_list(namespace)))  # no alert markers

@@ -427,14 +427,26 @@ class _RedisLedger:
         return rows[:limit]
 
     def run_list_many(
-        self, namespace: str, jobs: Sequence[str], limit: int
+        self, namespace: str, jobs: Sequence[str], limit: int, *, output: bool = True
     ) -> Operation[list[list[RunRecord]]]:
         if not jobs or limit <= 0:
             return [[] for _ in jobs]
         # One call per job's slot index, all in one pipeline.
         keys = tuple(slots_key(namespace, job) for job in jobs)
-        replies = yield fan_out("run_list", keys, (limit,))
+        replies = yield fan_out("run_list", keys, (limit, int(output)))
         return [[_run(namespace, row) for row in reply] for reply in replies]
+
+    def run_running(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[RunRecord]]:
+        if not jobs or limit <= 0:
+            return []
+        # No index of the running rows here: one call per job's slot index, all in one
+        # pipeline, each reading the state of its newest rows and sending back the
+        # running ones only.
+        keys = tuple(slots_key(namespace, job) for job in sorted(jobs))
+        replies = yield fan_out("run_running", keys, (limit,))
+        return [_run(namespace, row) for reply in replies for row in reply]
 
     def run_due(
         self, namespace: str, limit: int, jobs: Sequence[str] | None = None

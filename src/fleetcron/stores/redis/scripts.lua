@@ -333,12 +333,30 @@ return 0
 
 -- name: run_list
 -- uses: now, ledger
--- KEYS[1] slot index; ARGV: limit (> 0)
+-- KEYS[1] slot index; ARGV: limit (> 0), and optionally 0 for the rows without their output
 -- returns up to limit run rows of the job, newest slot first
+local with_output = ARGV[2] ~= '0'
 local rows = {}
 for _, slot in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)) do
   local row = run_row(run_key_of(slot))
-  if row then rows[#rows + 1] = row end
+  if row then
+    if not with_output then row[16] = false end
+    rows[#rows + 1] = row
+  end
+end
+return rows
+
+-- name: run_running
+-- uses: now, ledger
+-- KEYS[1] slot index; ARGV: limit (> 0)
+-- returns the run rows in state running among the job's newest limit rows, newest slot
+-- first: only their state is read of the others
+local rows = {}
+for _, slot in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)) do
+  local key = run_key_of(slot)
+  if redis.call('HGET', key, 'state') == 'running' then
+    rows[#rows + 1] = run_row(key)
+  end
 end
 return rows
 

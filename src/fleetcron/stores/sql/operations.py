@@ -374,18 +374,32 @@ class SqlLedger:
             result: SqlResult = yield Query("run_list", {"namespace": namespace, "limit": limit})
         else:
             result = yield Query(
-                "run_list_job", {"namespace": namespace, "job": job, "limit": limit}
+                "run_list_job",
+                {"namespace": namespace, "job": job, "limit": limit, "output": True},
             )
         return rows_to_runs(namespace, result.rows)
 
     def run_list_many(
-        self, namespace: str, jobs: Sequence[str], limit: int
+        self, namespace: str, jobs: Sequence[str], limit: int, *, output: bool = True
     ) -> Operation[list[list[RunRecord]]]:
         if not jobs or limit <= 0:
             return [[] for _ in jobs]
-        batch = tuple({"namespace": namespace, "job": job, "limit": limit} for job in jobs)
+        batch = tuple(
+            {"namespace": namespace, "job": job, "limit": limit, "output": output} for job in jobs
+        )
         results: list[SqlResult] = yield QueryBatch("run_list_job", batch)
         return [rows_to_runs(namespace, result.rows) for result in results]
+
+    def run_running(
+        self, namespace: str, jobs: Sequence[str], limit: int
+    ) -> Operation[list[RunRecord]]:
+        if not jobs or limit <= 0:
+            return []
+        # The namespace's running rows without the names (thousands to send, for a few
+        # rows back): the others' are dropped here.
+        result: SqlResult = yield Query("run_running", {"namespace": namespace, "skip": limit - 1})
+        wanted = set(jobs)
+        return [run for run in rows_to_runs(namespace, result.rows) if run.job in wanted]
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
         result: SqlResult = yield Query(

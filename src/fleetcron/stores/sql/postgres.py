@@ -78,7 +78,14 @@ _DEFAULT_ISOLATION = "SHOW default_transaction_isolation"
 # fleetcron_run_newest and read the whole namespace's ledger for every job, long after the
 # ledger had grown. Planned per call, each read sees the table as it is; these statements
 # run a few times a second at most, and their plan costs a fraction of what they read.
-_PLANNED_PER_CALL = ("run_list", "run_list_job", "run_list_many", "run_settled", "run_due")
+_PLANNED_PER_CALL = (
+    "run_list",
+    "run_list_job",
+    "run_list_many",
+    "run_running",
+    "run_settled",
+    "run_due",
+)
 
 
 @functools.cache
@@ -269,7 +276,7 @@ class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         return [bool(row[0]) for row in _by_item(len(finishes), calls, results)]
 
     def run_list_many(
-        self, namespace: str, jobs: Sequence[str], limit: int
+        self, namespace: str, jobs: Sequence[str], limit: int, *, output: bool = True
     ) -> Operation[list[list[RunRecord]]]:
         # One statement (a lateral index scan per job), not a pipeline of one per job: a
         # status read of thousands of jobs is one result to fetch, not thousands.
@@ -277,7 +284,12 @@ class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
             return [[] for _ in jobs]
         result: SqlResult = yield Query(
             "run_list_many",
-            {"namespace": namespace, "jobs": json.dumps(list(jobs)), "limit": limit},
+            {
+                "namespace": namespace,
+                "jobs": json.dumps(list(jobs)),
+                "limit": limit,
+                "output": output,
+            },
         )
         ledgers: list[list[tuple[Any, ...]]] = [[] for _ in jobs]
         for row in result.rows:

@@ -401,13 +401,34 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_u
  LIMIT %(limit)s;
 
 -- name: run_list_job
+-- Without `output` the rows come without it (run_list_many: a status read's many rows).
 SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
-       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error,
+       CASE WHEN %(output)s THEN output END,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
   FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s
  ORDER BY slot_us DESC
  LIMIT %(limit)s;
+
+-- name: run_running
+-- The namespace's running rows that are among the newest `limit` rows of their job (skip =
+-- limit - 1: the row at that place, when the job has one, is the oldest of them), through
+-- the index by state: a paged status read finds the runs in progress without reading the
+-- rest of the ledger. The caller keeps the jobs it asked for.
+SELECT r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.`trigger`,
+       r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
+       r.exit_code, r.error, r.output,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+  FROM fleetcron_run AS r FORCE INDEX (fleetcron_run_open)
+ WHERE r.namespace = %(namespace)s AND r.state = 'running'
+   AND r.slot_us >= coalesce(
+         (SELECT n.slot_us FROM fleetcron_run AS n
+           WHERE n.namespace = r.namespace AND n.job = r.job
+           ORDER BY n.slot_us DESC
+           LIMIT %(skip)s, 1),
+         r.slot_us)
+ ORDER BY r.job, r.slot_us DESC;
 
 -- name: run_prune
 -- Final rows beyond the newest `keep` of their job, or finished longer ago than the age;

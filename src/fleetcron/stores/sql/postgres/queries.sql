@@ -221,8 +221,10 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
  LIMIT %(limit)s;
 
 -- name: run_list_job
+-- Without `output` the rows come without it (run_list_many: a status read's many rows).
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
-       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error,
+       CASE WHEN %(output)s::boolean THEN output END,
        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
   FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s
@@ -231,10 +233,12 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
 
 -- name: run_list_many
 -- The newest `limit` rows of each job of the JSON array, each job's behind its position
--- (first column) in the array: one index scan per job, one statement for them all.
+-- (first column) in the array: one index scan per job, one statement for them all. Without
+-- `output` the rows come without it (a status read's thousands of rows: half their bytes).
 SELECT j.ord, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.trigger,
        r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
-       r.exit_code, r.error, r.output, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       r.exit_code, r.error, CASE WHEN %(output)s::boolean THEN r.output END,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
   FROM jsonb_array_elements_text(%(jobs)s::jsonb) WITH ORDINALITY AS j(job, ord)
   CROSS JOIN LATERAL (
         SELECT * FROM fleetcron_run
@@ -242,6 +246,24 @@ SELECT j.ord, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id,
          ORDER BY slot_us DESC
          LIMIT %(limit)s) AS r
  ORDER BY j.ord, r.slot_us DESC;
+
+-- name: run_running
+-- The namespace's running rows that are among the newest `limit` rows of their job (skip =
+-- limit - 1: the row at that place, when the job has one, is the oldest of them), through
+-- fleetcron_run_running (migration 15): a paged status read finds the runs in progress
+-- without reading the rest of the ledger. The caller keeps the jobs it asked for.
+SELECT r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.trigger,
+       r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
+       r.exit_code, r.error, r.output, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM fleetcron_run AS r
+ WHERE r.namespace = %(namespace)s AND r.state = 'running'
+   AND r.slot_us >= coalesce(
+         (SELECT n.slot_us FROM fleetcron_run AS n
+           WHERE n.namespace = r.namespace AND n.job = r.job
+           ORDER BY n.slot_us DESC
+           LIMIT 1 OFFSET %(skip)s),
+         r.slot_us)
+ ORDER BY r.job COLLATE "C", r.slot_us DESC;
 
 -- name: run_prune
 -- Final rows beyond the newest `keep` of their job, or finished longer ago than the age.

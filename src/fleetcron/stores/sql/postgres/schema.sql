@@ -220,6 +220,11 @@ $$;
 CREATE INDEX IF NOT EXISTS fleetcron_run_open
     ON fleetcron_run (namespace, slot_us) WHERE state IN ('queued', 'running', 'failed');
 
+-- The runs in progress, for a status read that needs nothing else of most jobs' ledger
+-- (run_running; migration 15).
+CREATE INDEX IF NOT EXISTS fleetcron_run_running
+    ON fleetcron_run (namespace, job, slot_us) WHERE state = 'running';
+
 -- run_claim, one slot: the rules of fleetcron.stores.ledger.decide_claim. The clock is
 -- read once: the batch's clock when the runner set fleetcron.batch_now (every claim of a
 -- batch happens at one store time), else clock_timestamp(). The job lease row is created (expired) if missing so there is a row to lock;

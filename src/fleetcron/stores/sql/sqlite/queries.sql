@@ -182,13 +182,35 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
  LIMIT :limit;
 
 -- name: run_list_job
+-- Without `output` the rows come without it (run_list_many: a status read's many rows; a
+-- long output sits on overflow pages that are then not read).
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
-       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error,
+       CASE WHEN :output THEN output END,
        CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
   FROM fleetcron_run
  WHERE namespace = :namespace AND job = :job
  ORDER BY slot_us DESC
  LIMIT :limit;
+
+-- name: run_running
+-- The namespace's running rows that are among the newest `limit` rows of their job (skip =
+-- limit - 1: the row at that place, when the job has one, is the oldest of them), through
+-- fleetcron_run_running (migration 15): a paged status read finds the runs in progress
+-- without reading the rest of the ledger. The caller keeps the jobs it asked for.
+SELECT r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.trigger,
+       r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
+       r.exit_code, r.error, r.output,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+  FROM fleetcron_run AS r INDEXED BY fleetcron_run_running
+ WHERE r.namespace = :namespace AND r.state = 'running'
+   AND r.slot_us >= coalesce(
+         (SELECT n.slot_us FROM fleetcron_run AS n
+           WHERE n.namespace = r.namespace AND n.job = r.job
+           ORDER BY n.slot_us DESC
+           LIMIT 1 OFFSET :skip),
+         r.slot_us)
+ ORDER BY r.job, r.slot_us DESC;
 
 -- name: run_prune
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000),

@@ -58,6 +58,11 @@ CREATE TABLE IF NOT EXISTS fleetcron_job (
 CREATE INDEX IF NOT EXISTS fleetcron_run_open
     ON fleetcron_run (namespace, slot_us) WHERE state IN ('queued', 'running', 'failed');
 
+-- The runs in progress, for a status read that needs nothing else of most jobs' ledger
+-- (run_running; migration 15).
+CREATE INDEX IF NOT EXISTS fleetcron_run_running
+    ON fleetcron_run (namespace, job, slot_us) WHERE state = 'running';
+
 -- Replica heartbeats (docs/design/replicas.md): one row per running scheduler replica,
 -- upserted every beat, deleted when the replica stops cleanly or, once expired for longer
 -- than the retention, by another replica's beat. Times are µs since the epoch.
