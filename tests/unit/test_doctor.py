@@ -16,18 +16,17 @@ from fleetcron.doctor import (
     Facts,
     Finding,
     JobFacts,
-    PoolingFacts,
-    RedisFacts,
     definition_failures,
     diagnose,
     dst_effects,
     gather,
-    pooling_mode,
 )
 from fleetcron.errors import ConfigurationError
 from fleetcron.jobspec import JobSpec, job_spec
 from fleetcron.models import ReplicaInfo, ReplicaRecord, RunOutcome, SlotClaim
 from fleetcron.schedules import AtSchedule, CronSchedule, EverySchedule, Schedule, iso_utc
+from fleetcron.stores.redis.doctor import RedisFacts
+from fleetcron.stores.sql.pooling import PoolingFacts, PoolingUnknown, pooling_mode
 from fleetcron.testing import FakeClock, MemoryStore
 
 S = 1_000_000
@@ -210,7 +209,9 @@ def test_the_namespace_is_shown_with_the_jobs_registered_in_it() -> None:
 def test_redis_persistence_is_ok_with_aof_and_a_warning_otherwise(
     settings: dict[str, object], level: str, text: str
 ) -> None:
-    finding = one(diagnose(facts(kind="redis", redis=redis(**settings))), "redis (persistence)")
+    finding = one(
+        diagnose(facts(kind="redis", backend=(redis(**settings),))), "redis (persistence)"
+    )
     assert finding.level == level
     assert text in finding.message
 
@@ -223,7 +224,15 @@ def test_redis_eviction_warns_about_allkeys_policies_and_about_not_knowing(
     policy: str | None, level: str
 ) -> None:
     subject = redis(maxmemory_policy=policy, config_error="NOPERM" if policy is None else None)
-    finding = one(diagnose(facts(kind="redis", redis=subject)), "redis (eviction)")
+    finding = one(
+        diagnose(
+            facts(
+                kind="redis",
+                backend=(subject,),
+            )
+        ),
+        "redis (eviction)",
+    )
     assert finding.level == level
     if policy is None:
         assert "cannot tell" in finding.message
@@ -238,7 +247,15 @@ def test_redis_replication_warns_about_asynchronous_replicas_and_fails_on_a_repl
     role: str, replicas: int, level: str
 ) -> None:
     subject = redis(role=role, replicas=replicas)
-    finding = one(diagnose(facts(kind="redis", redis=subject)), "redis (replication)")
+    finding = one(
+        diagnose(
+            facts(
+                kind="redis",
+                backend=(subject,),
+            )
+        ),
+        "redis (replication)",
+    )
     assert finding.level == level
 
 
@@ -277,7 +294,7 @@ def test_pooling_mode_is_told_from_announced_and_reported_backend_pids(
 def test_transaction_pooling_is_reported_and_warned_about_only_with_prepared_statements(
     probe: PoolingFacts, level: str, text: str
 ) -> None:
-    finding = one(diagnose(facts(pooling=probe)), "postgres (pooler)")
+    finding = one(diagnose(facts(backend=(probe,))), "postgres (pooler)")
     assert finding.level == level
     assert text in finding.message
     if probe is not DIRECT:
@@ -289,7 +306,9 @@ def test_transaction_pooling_is_reported_and_warned_about_only_with_prepared_sta
 
 
 def test_a_pooling_probe_that_could_not_run_says_it_cannot_tell() -> None:
-    finding = one(diagnose(facts(pooling_error="too many clients")), "postgres (pooler)")
+    finding = one(
+        diagnose(facts(backend=(PoolingUnknown("too many clients"),))), "postgres (pooler)"
+    )
     assert finding.level == "warn"
     assert "cannot tell: too many clients" in finding.message
 

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -35,6 +35,9 @@ from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
 from fleetcron.stores.url import StoreURL
+
+if TYPE_CHECKING:
+    from fleetcron.stores.redis.doctor import RedisFacts
 
 __all__ = ["AsyncRedisStore", "RedisStore", "ServerSettings", "translate"]
 
@@ -220,6 +223,24 @@ class RedisStore:
     def migrate(self) -> list[str]:
         """Redis keeps no schema; nothing to apply."""
         return []
+
+    def doctor_facts(self) -> tuple[RedisFacts]:
+        """What ``fleetcron doctor`` judges of this server: role, replicas, persistence and
+        eviction (:mod:`fleetcron.stores.redis.doctor`)."""
+        from fleetcron.stores.redis.doctor import RedisFacts
+
+        server = self.server_settings()
+        return (
+            RedisFacts(
+                role=server.role,
+                replicas=server.replicas,
+                appendonly=server.appendonly,
+                appendfsync=server.appendfsync,
+                save=server.save,
+                maxmemory_policy=server.maxmemory_policy,
+                config_error=server.config_error,
+            ),
+        )
 
     def server_settings(self) -> ServerSettings:
         """The server's role, replicas, persistence and eviction settings, in one round trip

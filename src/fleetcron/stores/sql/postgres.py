@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -48,6 +48,9 @@ from fleetcron.stores.sql.runner import (
 from fleetcron.stores.sql.watchdog import Deadline, deadline
 from fleetcron.stores.statements import Query, QueryBatch
 from fleetcron.stores.url import StoreURL
+
+if TYPE_CHECKING:
+    from fleetcron.stores.sql.pooling import PoolingFacts, PoolingUnknown
 
 __all__ = [
     "AsyncPostgresStore",
@@ -466,6 +469,26 @@ class PostgresStore(SqlSyncStore):
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:
         return translate(exc)
+
+    def doctor_facts(self) -> tuple[PoolingFacts | PoolingUnknown]:
+        """What ``fleetcron doctor`` judges of this connection: whether a pooler stands
+        before the server, and in which mode (:mod:`fleetcron.stores.sql.pooling`). A probe
+        refused for a reason other than an outage (too many clients) is said as unknown."""
+        from fleetcron.stores.sql.pooling import PoolingFacts, PoolingUnknown
+
+        try:
+            probe = self.backend_pids()
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            return (PoolingUnknown(exc.message),)
+        return (
+            PoolingFacts(
+                first=tuple((pid.announced, pid.reported) for pid in probe.first),
+                second=tuple((pid.announced, pid.reported) for pid in probe.second),
+                prepares=probe.prepare_threshold is not None,
+            ),
+        )
 
     def backend_pids(self, statements: int = 3) -> PoolerProbe:
         """Whether a connection pooler stands between this store and PostgreSQL, and
