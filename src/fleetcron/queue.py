@@ -16,22 +16,20 @@ token (``fence``), so the item's effects can refuse a stale worker
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import threading
-import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from fleetcron._log import log
-from fleetcron.bridge import Portal, call_on_loop
+from fleetcron.bridge import Portal, ThreadedAsyncStore, call_on_loop, run_inline
 from fleetcron.durations import DurationLike, format_duration, to_micros
-from fleetcron.errors import ConfigurationError, StoreError
+from fleetcron.errors import ConfigurationError
 from fleetcron.jsonvalue import encode_json
 from fleetcron.lease import new_holder
 from fleetcron.names import validate_name
 from fleetcron.queue_models import ITEM_STATES, QueueItem, QueueNack, QueuePut, QueueStats
+from fleetcron.queue_work import LoopSide, ThreadSide, drain, error_text, wait_set
 from fleetcron.stores.base import QUEUE_PRUNE_LIMIT, AsyncStore, SyncStore
 
 __all__ = [
@@ -254,7 +252,7 @@ def _nack_of(
         else _not_negative(retry_in, "retry_in")
     )
     return QueueNack(
-        item_id=item.item_id, fence=item.fence, error=_error_text(error), retry_in_us=wait
+        item_id=item.item_id, fence=item.fence, error=error_text(error), retry_in_us=wait
     )
 
 
@@ -271,11 +269,6 @@ def _empty_stats(namespace: str, queue: str, now_us: int) -> QueueStats:
         oldest_us=None,
         now_us=now_us,
     )
-
-
-def _error_text(error: BaseException | str) -> str:
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return text[:4096]
 
 
 class AsyncQueue:
@@ -416,141 +409,15 @@ class AsyncQueue:
         told how many items each batch ``claimed``, ``acked``, ``failed`` (given back to
         be retried), killed (``dead``) and ``lost`` (its claim expired before it was
         acknowledged)."""
-        size = _batch_size(batch)
-        idle_s = _positive(idle, "idle") / 1e6
-        while stop is None or not stop.is_set():
-            items = await self.claim(size)
-            if not items:
-                if until_empty:
-                    # A claim can come back empty having killed items whose expired
-                    # claims used up their deliveries, with others still claimable.
-                    if (await self.stats()).ready == 0:
-                        return
-                    continue
-                if stop is None:
-                    await asyncio.sleep(idle_s)
-                else:
-                    await wait_set(stop, idle_s)
-                continue
-            counts = await self._work_batch(handler, items)
-            _report(observe, len(items), counts)
-
-    async def _work_batch(self, handler: Handler, items: list[Claimed]) -> dict[str, int]:
-        tally = _Tally(self.name)
-        lost: set[int] = set()
-        renewing = asyncio.create_task(self._renew(items, lost))
-        done: list[Claimed] = []
-        try:
-            for item in items:
-                if item.item_id in lost:
-                    tally.skipped()
-                    continue
-                try:
-                    await _call(handler, item)
-                except Exception as exc:  # the item failed; the worker goes on
-                    tally.failed(item, exc, await self.nack(item, exc))
-                else:
-                    done.append(item)
-        finally:
-            renewing.cancel()
-            answers = await self.ack(*done)
-        tally.acked(done, answers)
-        return tally.counts
-
-    async def _renew(self, items: list[Claimed], lost: set[int]) -> None:
-        every_s = self.settings.visibility_us / 3e6
-        while True:
-            await asyncio.sleep(every_s)
-            live = [item for item in items if item.item_id not in lost]
-            try:
-                answers = await self.extend(*live)
-            except StoreError as exc:
-                _renewal_failed(self.name, exc)
-                continue
-            _note_lost(live, answers, lost)
-
-
-class _Tally:
-    """What one batch of a worker came to (``acked``, ``failed``: given back to be
-    retried, ``dead``, ``lost``: its claim expired first), and the log lines of it."""
-
-    def __init__(self, queue: str) -> None:
-        self.queue = queue
-        self.counts = {"acked": 0, "failed": 0, "dead": 0, "lost": 0}
-
-    def skipped(self) -> None:
-        """An item whose claim was lost before its turn: not handled."""
-        self.counts["lost"] += 1
-
-    def failed(self, item: Claimed, error: Exception, state: str | None) -> None:
-        """The handler raised; ``state`` is what the nack answered."""
-        self.counts["lost" if state is None else "dead" if state == "dead" else "failed"] += 1
-        log.warning(
-            "queue %s: item %d failed (attempt %d): %s%s",
-            self.queue,
-            item.item_id,
-            item.attempt,
-            _error_text(error),
-            "; it is dead" if state == "dead" else "",
-            extra={"action": "queue_item_failed", "queue": self.queue},
+        await drain(
+            self,
+            handler,
+            size=_batch_size(batch),
+            idle_s=_positive(idle, "idle") / 1e6,
+            until_empty=until_empty,
+            observe=observe,
+            side=LoopSide(stop),
         )
-
-    def acked(self, done: Sequence[Claimed], answers: Sequence[bool]) -> None:
-        """The acknowledgement of the handled items answered ``answers``."""
-        for item, acked in zip(done, answers, strict=True):
-            self.counts["acked" if acked else "lost"] += 1
-            if not acked:
-                log.warning(
-                    "queue %s: item %d was handled but its claim had been lost: another "
-                    "worker may handle it again (fence %d)",
-                    self.queue,
-                    item.item_id,
-                    item.fence,
-                    extra={"action": "queue_claim_lost", "queue": self.queue},
-                )
-
-
-def _report(
-    observe: Callable[[str, int], None] | None, claimed: int, counts: dict[str, int]
-) -> None:
-    """Tell ``observe`` what a batch came to: the items ``claimed``, then each outcome."""
-    if observe is None:
-        return
-    observe("claimed", claimed)
-    for outcome, count in counts.items():
-        if count:
-            observe(outcome, count)
-
-
-def _note_lost(live: Sequence[Claimed], answers: Sequence[int | None], lost: set[int]) -> None:
-    lost.update(item.item_id for item, at in zip(live, answers, strict=True) if at is None)
-
-
-def _renewal_failed(queue: str, error: StoreError) -> None:
-    # The claims may still be held: the next renewal tries again before they expire.
-    log.warning(
-        "queue %s: renewing the batch's claims failed (%s); trying again",
-        queue,
-        error,
-        extra={"action": "queue_renew_failed", "queue": queue},
-    )
-
-
-async def _call(handler: Handler, item: Claimed) -> None:
-    if inspect.iscoroutinefunction(handler):
-        await handler(item)
-        return
-    result = await asyncio.to_thread(handler, item)
-    if inspect.isawaitable(result):
-        await result
-
-
-async def wait_set(event: asyncio.Event, timeout_s: float) -> None:
-    """Wait until ``event`` is set, or ``timeout_s`` has passed."""
-    try:
-        await asyncio.wait_for(event.wait(), timeout_s)
-    except TimeoutError:
-        pass
 
 
 class JobQueue:
@@ -595,7 +462,8 @@ class JobQueue:
 
 
 class Queue:
-    """A named queue of a fleet's namespace (sync): the face of an :class:`AsyncQueue`.
+    """A named queue of a fleet's namespace (sync): the face of an :class:`AsyncQueue`,
+    whose calls it drives in the caller's thread (``run_inline`` over a threaded store).
     Get one with ``fleet.queue(name, …)``."""
 
     def __init__(
@@ -607,88 +475,59 @@ class Queue:
         *,
         portal: Callable[[], Portal],
     ) -> None:
+        self._core = AsyncQueue(ThreadedAsyncStore(store), namespace, name, settings)
         self.store = store
         self.namespace = namespace
-        self.name = validate_name(name, what="queue name")
+        self.name = self._core.name
         self.settings = settings
-        self.holder = new_holder()
+        self.holder = self._core.holder
         self._portal = portal
 
     def put(
         self, value: Any, *, dedupe_key: str | None = None, delay: DurationLike = 0
     ) -> int | None:
-        """Queue one JSON value; its id, or ``None`` when ``dedupe_key`` is taken."""
-        (answer,) = self.put_many([Entry(value, dedupe_key, delay)])
-        return answer
+        """Sync :meth:`AsyncQueue.put`."""
+        return run_inline(self._core.put(value, dedupe_key=dedupe_key, delay=delay))
 
     def put_many(
         self, values: Iterable[Any], *, dedupe_key: str | None = None, delay: DurationLike = 0
     ) -> list[int | None]:
-        """Queue many values (or :class:`Entry` items) in one round trip; each one's id,
-        or ``None`` for one whose dedupe key is taken."""
-        puts = to_puts(values, self.settings, dedupe_key=dedupe_key, delay=delay)
-        if not puts:
-            return []
-        return self.store.run(self.store.ops.queue_put(self.namespace, self.name, puts))
+        """Sync :meth:`AsyncQueue.put_many`."""
+        return run_inline(self._core.put_many(values, dedupe_key=dedupe_key, delay=delay))
 
     def claim(self, batch: int = 1, *, visibility: DurationLike | None = None) -> list[Claimed]:
-        """Claim up to ``batch`` items (see :meth:`AsyncQueue.claim`)."""
-        size = _batch_size(batch)
-        ttl = _visibility(self.settings, visibility)
-        items = self.store.run(
-            self.store.ops.queue_claim(self.namespace, self.name, self.holder, size, ttl)
-        )
-        return [claimed(item) for item in items]
+        """Sync :meth:`AsyncQueue.claim`."""
+        return run_inline(self._core.claim(batch, visibility=visibility))
 
     def ack(self, *items: Claimed) -> list[bool]:
-        """Mark deliveries done (see :meth:`AsyncQueue.ack`)."""
-        if not items:
-            return []
-        pairs = [item.claim for item in items]
-        return self.store.run(self.store.ops.queue_ack(self.namespace, self.name, pairs))
+        """Sync :meth:`AsyncQueue.ack`."""
+        return run_inline(self._core.ack(*items))
 
     def nack(
         self, item: Claimed, error: BaseException | str, *, retry_in: DurationLike | None = None
     ) -> str | None:
-        """Give a delivery back as failed (see :meth:`AsyncQueue.nack`)."""
-        nack = _nack_of(self.settings, item, error, retry_in)
-        (state,) = self.store.run(self.store.ops.queue_nack(self.namespace, self.name, [nack]))
-        return state
+        """Sync :meth:`AsyncQueue.nack`."""
+        return run_inline(self._core.nack(item, error, retry_in=retry_in))
 
     def extend(self, *items: Claimed, visibility: DurationLike | None = None) -> list[int | None]:
-        """Hold deliveries longer (see :meth:`AsyncQueue.extend`)."""
-        if not items:
-            return []
-        ttl = _visibility(self.settings, visibility)
-        pairs = [item.claim for item in items]
-        return self.store.run(self.store.ops.queue_extend(self.namespace, self.name, pairs, ttl))
+        """Sync :meth:`AsyncQueue.extend`."""
+        return run_inline(self._core.extend(*items, visibility=visibility))
 
     def stats(self) -> QueueStats:
-        """How the queue stands now (all zero when it holds nothing)."""
-        found = self.store.run(self.store.ops.queue_stats(self.namespace, self.name))
-        if found:
-            return found[0]
-        return _empty_stats(self.namespace, self.name, self.store.run(self.store.ops.store_now()))
+        """Sync :meth:`AsyncQueue.stats`."""
+        return run_inline(self._core.stats())
 
     def items(self, *, states: Sequence[str] | None = None, limit: int = 100) -> list[QueueItem]:
-        """The queue's items in ``states`` (any, by default), newest first."""
-        size = _batch_size(limit, "limit")
-        return self.store.run(
-            self.store.ops.queue_list(self.namespace, self.name, _states(states), size)
-        )
+        """Sync :meth:`AsyncQueue.items`."""
+        return run_inline(self._core.items(states=states, limit=limit))
 
     def requeue(self, item_ids: Sequence[int]) -> int:
-        """Give dead items their deliveries back; how many were dead."""
-        return self.store.run(
-            self.store.ops.queue_requeue(self.namespace, self.name, _item_ids(item_ids))
-        )
+        """Sync :meth:`AsyncQueue.requeue`."""
+        return run_inline(self._core.requeue(item_ids))
 
     def prune(self, older_than: DurationLike = "7d") -> int:
-        """Delete items done or dead for ``older_than``; how many (at most 1,000 a call)."""
-        age = _not_negative(older_than, "older_than")
-        return self.store.run(
-            self.store.ops.queue_prune(self.namespace, self.name, age, QUEUE_PRUNE_LIMIT)
-        )
+        """Sync :meth:`AsyncQueue.prune`."""
+        return run_inline(self._core.prune(older_than))
 
     def work(
         self,
@@ -700,72 +539,17 @@ class Queue:
         until_empty: bool = False,
         observe: Callable[[str, int], None] | None = None,
     ) -> None:
-        """Drain the queue until ``stop`` is set (forever without one; with
-        ``until_empty``, until nothing is claimable): the loop of
-        :meth:`AsyncQueue.work`, in the calling thread — ``handler`` is called here, so a
-        database connection made in this thread can be used in it — while a background
-        thread renews the batch's claims."""
-        size = _batch_size(batch)
-        idle_s = _positive(idle, "idle") / 1e6
-        while stop is None or not stop.is_set():
-            items = self.claim(size)
-            if not items:
-                if until_empty:
-                    # As in AsyncQueue.work: an empty claim may only have killed items.
-                    if self.stats().ready == 0:
-                        return
-                    continue
-                if stop is None:
-                    time.sleep(idle_s)
-                else:
-                    stop.wait(idle_s)
-                continue
-            counts = self._work_batch(handler, items)
-            _report(observe, len(items), counts)
-
-    def _work_batch(self, handler: Handler, items: list[Claimed]) -> dict[str, int]:
-        tally = _Tally(self.name)
-        lost: set[int] = set()
-        finished = threading.Event()
-        renewer = threading.Thread(
-            target=self._renew,
-            args=(items, lost, finished),
-            name=f"fleetcron-queue-renew:{self.name}",
-            daemon=True,
+        """:meth:`AsyncQueue.work`'s loop, in the calling thread: ``handler`` is called
+        here, so a database connection made in this thread can be used in it, while a
+        background thread renews the batch's claims. ``stop`` is a ``threading.Event``."""
+        run_inline(
+            drain(
+                self._core,
+                handler,
+                size=_batch_size(batch),
+                idle_s=_positive(idle, "idle") / 1e6,
+                until_empty=until_empty,
+                observe=observe,
+                side=ThreadSide(stop, self._portal),
+            )
         )
-        renewer.start()
-        done: list[Claimed] = []
-        try:
-            for item in items:
-                if item.item_id in lost:
-                    tally.skipped()
-                    continue
-                try:
-                    result = handler(item)
-                    if inspect.isawaitable(result):  # a coroutine function's coroutine
-                        self._portal().call(_awaited, result)
-                except Exception as exc:  # the item failed; the worker goes on
-                    tally.failed(item, exc, self.nack(item, exc))
-                else:
-                    done.append(item)
-        finally:
-            finished.set()
-            renewer.join()
-            answers = self.ack(*done)
-        tally.acked(done, answers)
-        return tally.counts
-
-    def _renew(self, items: list[Claimed], lost: set[int], finished: threading.Event) -> None:
-        every_s = self.settings.visibility_us / 3e6
-        while not finished.wait(every_s):
-            live = [item for item in items if item.item_id not in lost]
-            try:
-                answers = self.extend(*live)
-            except StoreError as exc:
-                _renewal_failed(self.name, exc)
-                continue
-            _note_lost(live, answers, lost)
-
-
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
