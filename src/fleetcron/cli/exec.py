@@ -18,7 +18,6 @@ job by its schedule (overdue, stuck) like a job of a jobs file.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -26,10 +25,11 @@ import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from types import FrameType
 
 from fleetcron._log import log
+from fleetcron.cli.exec_options import ExecOptions, exec_options, option_micros
+from fleetcron.cli.exec_pings import RunPings
 from fleetcron.cli.exitcodes import (
     EXIT_CANNOT_EXECUTE,
     EXIT_LEASE_LOST,
@@ -42,11 +42,9 @@ from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec
-from fleetcron.keepalive import StopPoints, effective_grace_us, stop_points
+from fleetcron.keepalive import StopPoints, stop_points
 from fleetcron.lease import Lease, LeaseTerms, new_holder
 from fleetcron.models import JobRecord, RunOutcome, SlotClaim
-from fleetcron.names import validate_job_name
-from fleetcron.pings import Pinger, check_ping_url, finish_ping, start_ping
 from fleetcron.reaper import Reaper, Watch
 from fleetcron.schedules import CronSchedule, Schedule, iso_utc, schedule_from_definition
 from fleetcron.scrub import Scrubber
@@ -67,103 +65,6 @@ __all__ = [
 ]
 
 _POLL_SECONDS = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class ExecOptions:
-    """Validated options of one ``exec`` invocation (durations in µs)."""
-
-    name: str
-    command: tuple[str, ...]
-    lock_at_most: str
-    lock_at_least: str
-    keepalive: bool
-    timeout_us: int | None
-    wait: str | None
-    skipped_exit_code: int
-    kill_grace_us: int
-    ping_url: str | None = None
-    grace_us: int | None = None  # --grace (only with --schedule)
-    stuck_after_us: int | None = None  # --stuck-after (only with --schedule)
-
-
-def option_micros(value: str, option: str, *, positive: bool) -> int:
-    """Parse the duration given to ``option``; refuse a negative (or, if ``positive``, zero)
-    one with a message naming the option."""
-    bound = "be positive" if positive else "not be negative"
-    if value.strip().startswith("-"):
-        raise ConfigurationError(f"{option} must {bound}, got {value!r}")
-    micros = to_micros(value, what=option)
-    if positive and micros <= 0:
-        raise ConfigurationError(f"{option} must {bound}, got {value!r}")
-    return micros
-
-
-def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
-    """Check everything before any state is touched; raise ConfigurationError."""
-    if not command:
-        raise ConfigurationError("exec needs a command after '--', e.g. -- /opt/app/job.sh")
-    most = option_micros(args.lock_at_most, "--lock-at-most", positive=True)
-    least = option_micros(args.lock_at_least, "--lock-at-least", positive=False)
-    if least > most:
-        raise ConfigurationError(
-            f"--lock-at-least ({args.lock_at_least}) is longer than "
-            f"--lock-at-most ({args.lock_at_most})"
-        )
-    timeout = (
-        None if args.timeout is None else option_micros(args.timeout, "--timeout", positive=True)
-    )
-    if args.wait is not None:
-        option_micros(args.wait, "--wait", positive=False)
-    if not 0 <= args.skipped_exit_code <= 255:
-        raise ConfigurationError(
-            f"--skipped-exit-code must be between 0 and 255, got {args.skipped_exit_code}"
-        )
-    grace = (
-        effective_grace_us(5_000_000, most)
-        if args.kill_grace is None
-        else option_micros(args.kill_grace, "--kill-grace", positive=False)
-    )
-    if grace >= most:
-        # The grace is counted inside the lease: as long as the lease, the command would
-        # be killed at once on every renewal hiccup.
-        raise ConfigurationError(
-            f"--kill-grace ({args.kill_grace}) must be shorter than "
-            f"--lock-at-most ({args.lock_at_most})"
-        )
-    ping_url: str | None = getattr(args, "ping_url", None)
-    if ping_url is not None:
-        try:
-            check_ping_url(ping_url)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"--ping-url: {exc.message}") from None
-    if getattr(args, "schedule", None) is not None:
-        # With --schedule the name is a job's too: its lease name must fit the store.
-        validate_job_name(args.name)
-    judged: dict[str, int | None] = {}
-    for option in ("--grace", "--stuck-after"):
-        value: str | None = getattr(args, option[2:].replace("-", "_"), None)
-        if value is not None and getattr(args, "schedule", None) is None:
-            # Without a schedule there is no slot to be late for and no ledger row to
-            # judge: accepting the option would promise an alert that never comes.
-            raise ConfigurationError(
-                f"{option} needs --schedule (only a scheduled exec is in the run ledger)"
-            )
-        judged[option] = None if value is None else option_micros(value, option, positive=True)
-    return ExecOptions(
-        name=args.name,
-        command=tuple(command),
-        lock_at_most=args.lock_at_most,
-        lock_at_least=args.lock_at_least,
-        keepalive=not args.no_keepalive,
-        timeout_us=timeout,
-        wait=args.wait,
-        skipped_exit_code=args.skipped_exit_code,
-        kill_grace_us=grace,
-        ping_url=ping_url,
-        grace_us=judged["--grace"],
-        stuck_after_us=judged["--stuck-after"],
-    )
 
 
 class _Supervisor:
@@ -264,7 +165,7 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
             extra={"action": "lock_skipped", "lock": options.name},
         )
         return options.skipped_exit_code
-    pings = _RunPings(options, str(uuid.uuid4()))
+    pings = RunPings(options, str(uuid.uuid4()))
     pings.start()
     status: int | None = None
     try:
@@ -286,38 +187,6 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
         return status
     finally:
         pings.finish(_slot_outcome(status, cancel_requested=False))
-
-
-class _RunPings:
-    """``--ping-url``: the run's start and end, pinged in order from a background thread
-    (no-ops without the option). :meth:`finish` waits for them up to
-    :data:`~fleetcron.pings.CLOSE_WAIT_S`; they never change the exit status."""
-
-    def __init__(self, options: ExecOptions, run_id: str) -> None:
-        self.job = options.name
-        self.url = options.ping_url
-        self.run_id = run_id
-        self._pinger = Pinger() if options.ping_url is not None else None
-
-    def start(self) -> None:
-        if self._pinger is not None and self.url is not None:
-            self._pinger.send(start_ping(self.job, self.url, self.run_id))
-
-    def finish(self, outcome: RunOutcome) -> None:
-        if self._pinger is None or self.url is None:
-            return
-        # A command stopped by fleetcron (timeout 124, lease lost 76, cancelled) is a
-        # /fail: the status is fleetcron's, not the command's.
-        own = outcome.state == "failed" and outcome.exit_code != EXIT_TIMEOUT
-        ping = finish_ping(
-            self.job,
-            self.url,
-            self.run_id,
-            outcome,
-            exit_status=outcome.exit_code if own else None,
-        )
-        self._pinger.send(ping)
-        self._pinger.close()
 
 
 class _released:
@@ -723,7 +592,7 @@ def run_exec_schedule(
         )
         return options.skipped_exit_code
     run = answer.run
-    pings = _RunPings(options, run.run_id)
+    pings = RunPings(options, run.run_id)
     pings.start()
     lease = SlotLease(store, terms, run, sent_us=sent, clock=clock)
     if terms.keepalive:
