@@ -19,33 +19,21 @@ job by its schedule (overdue, stuck) like a job of a jobs file.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import threading
 import time
 import uuid
-from types import FrameType
 
 from fleetcron._log import log
+from fleetcron.cli.exec_command import run_command, run_outcome
 from fleetcron.cli.exec_options import ExecOptions, exec_options, option_micros
 from fleetcron.cli.exec_pings import RunPings
-from fleetcron.cli.exitcodes import (
-    EXIT_CANNOT_EXECUTE,
-    EXIT_LEASE_LOST,
-    EXIT_NOT_FOUND,
-    EXIT_STORE_UNAVAILABLE,
-    EXIT_TIMEOUT,
-)
-from fleetcron.clock import SYSTEM_CLOCK, Clock, SystemClock
+from fleetcron.cli.exitcodes import EXIT_LEASE_LOST, EXIT_STORE_UNAVAILABLE
+from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import to_micros
 from fleetcron.environment import child_environment
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobspec import DEFAULTS, CommandTarget, JobSpec
-from fleetcron.keepalive import StopPoints, stop_points
 from fleetcron.lease import Lease, LeaseTerms, new_holder
 from fleetcron.models import JobRecord, RunOutcome, SlotClaim
-from fleetcron.reaper import Reaper, Watch
 from fleetcron.schedules import CronSchedule, Schedule, iso_utc, schedule_from_definition
 from fleetcron.scrub import Scrubber
 from fleetcron.slot_lease import SlotLease
@@ -63,89 +51,6 @@ __all__ = [
     "run_exec",
     "run_exec_schedule",
 ]
-
-_POLL_SECONDS = 0.2
-
-
-class _Supervisor:
-    """Runs the child and stops its process group on time: the stop sequence of
-    :mod:`fleetcron.keepalive` — SIGTERM when asked to stop, or a grace before the lease's
-    local deadline; SIGKILL a grace after the SIGTERM, and at the deadline at the latest.
-
-    ``watch``: the reaper's watch of the group, told the stop points whenever they change
-    (a renewal, a stop asked) and that the SIGTERM went out, so it keeps the same stop
-    sequence should this process freeze or die."""
-
-    def __init__(
-        self,
-        child: subprocess.Popen[bytes],
-        lease: Lease,
-        grace_us: int,
-        watch: Watch | None = None,
-    ) -> None:
-        self.child = child
-        self.lease = lease
-        self.grace_us = grace_us
-        self.watch = watch
-        self.reason: str | None = None
-        self._asked_at_us: int | None = None
-        self._term_sent = False
-        self._lock = threading.Lock()
-
-    def stop(self, reason: str) -> None:
-        """Ask the group to stop now (SIGTERM; the first reason wins)."""
-        with self._lock:
-            if self.reason is None:
-                self.reason = reason
-                self._asked_at_us = self.lease.clock.monotonic_us()
-            if not self._term_sent:
-                self._term_sent = True
-                self._signal(signal.SIGTERM)
-            self._tell_reaper()
-
-    def _points(self) -> StopPoints:
-        return stop_points(
-            deadline_us=self.lease.deadline_us,
-            grace_us=self.grace_us,
-            asked_at_us=self._asked_at_us,
-        )
-
-    def _tell_reaper(self) -> None:
-        # Under the lock (the lease's thread calls stop()): the state sent last is the
-        # state computed last.
-        if self.watch is not None:
-            points = self._points()
-            self.watch.update(points.term_at, points.kill_at, self._term_sent)
-
-    def forward(self, signum: int) -> None:
-        self._signal(signal.Signals(signum))
-
-    def _signal(self, sig: signal.Signals) -> None:
-        try:
-            os.killpg(self.child.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def enforce(self) -> float:
-        """Send what is due now; return the seconds until the next stop point (or a poll)."""
-        now = self.lease.clock.monotonic_us()
-        points = self._points()
-        if points.term_at is not None and now >= points.term_at:
-            # Without a successful renewal the group must be gone by the local deadline.
-            self.stop("lease_lost")
-        if points.kill_at is not None and now >= points.kill_at:
-            self._signal(signal.SIGKILL)
-        # A renewal moved the deadline since the last look (it is polled: this runs at
-        # least every _POLL_SECONDS, and at each stop point before the reaper acts).
-        with self._lock:
-            self._tell_reaper()
-        upcoming = [t for t in (points.term_at, points.kill_at) if t is not None and t > now]
-        until_next = (min(upcoming) - now) / 1e6 if upcoming else _POLL_SECONDS
-        return max(0.001, min(_POLL_SECONDS, until_next))
-
-
-def _status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int:
@@ -171,7 +76,7 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
     try:
         held = _released(lease)
         with held:
-            status = _supervise(lease, options, backend_url, run_id=pings.run_id)
+            status = run_command(lease, options, backend_url, run_id=pings.run_id)
         if status != EXIT_LEASE_LOST and held.released is False:
             # The command ended, but the store no longer knew the lease as ours: it expired
             # while this process could not renew it (paused, starved), so another holder
@@ -186,7 +91,7 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
             status = EXIT_LEASE_LOST
         return status
     finally:
-        pings.finish(_slot_outcome(status, cancel_requested=False))
+        pings.finish(run_outcome(status, cancel_requested=False))
 
 
 class _released:
@@ -210,165 +115,6 @@ class _released:
                 error,
                 extra={"action": "lock_release_failed", "lock": self.lease.name},
             )
-
-
-def _supervise(
-    lease: Lease,
-    options: ExecOptions,
-    backend_url: str | None,
-    *,
-    run_id: str | None = None,
-    extra_env: dict[str, str] | None = None,
-) -> int:
-    run_id = run_id or str(uuid.uuid4())
-    env = child_environment(
-        os.environ,
-        backend_url,
-        {
-            "FLEETCRON_JOB": options.name,
-            "FLEETCRON_FENCE": str(lease.fence),
-            "FLEETCRON_RUN_ID": run_id,
-            "FLEETCRON_NAMESPACE": lease.namespace,
-            **(extra_env or {}),
-        },
-    )
-    # Handlers go in before the child starts, so a SIGTERM that arrives meanwhile is held
-    # and forwarded to the child's group instead of killing us and orphaning the child.
-    pending: list[int] = []
-    forward_to: list[_Supervisor] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if forward_to:
-            forward_to[0].forward(signum)
-        else:
-            pending.append(signum)
-
-    previous = {
-        sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    }
-    try:
-        return _run_child(lease, options, env, run_id, pending, forward_to)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _run_child(
-    lease: Lease,
-    options: ExecOptions,
-    env: dict[str, str],
-    run_id: str,
-    pending: list[int],
-    forward_to: list[_Supervisor],
-) -> int:
-    # The reaper's stop points are CLOCK_MONOTONIC instants: only with the system clock.
-    reaper = Reaper() if Reaper.supported() and isinstance(lease.clock, SystemClock) else None
-    watch = None
-    if reaper is not None:
-        # Announced before the command starts, so it is watched from its first instant.
-        points = stop_points(
-            deadline_us=lease.deadline_us, grace_us=options.kill_grace_us, asked_at_us=None
-        )
-        watch = reaper.expect(
-            run_id,
-            grace_us=options.kill_grace_us,
-            label=options.name,
-            term_at_us=points.term_at,
-            kill_at_us=points.kill_at,
-        )
-    try:
-        return _watched_child(lease, options, env, run_id, pending, forward_to, watch)
-    finally:
-        if watch is not None:
-            watch.done()
-        if reaper is not None:
-            reaper.close()  # it exits at once: nothing is left to watch
-
-
-def _watched_child(
-    lease: Lease,
-    options: ExecOptions,
-    env: dict[str, str],
-    run_id: str,
-    pending: list[int],
-    forward_to: list[_Supervisor],
-    watch: Watch | None,
-) -> int:
-    try:
-        child = subprocess.Popen(options.command, env=env, start_new_session=True)
-    except FileNotFoundError:
-        log.error(
-            "command not found: %s",
-            options.command[0],
-            extra={"action": "run_failed", "lock": options.name},
-        )
-        return EXIT_NOT_FOUND
-    except OSError as exc:  # EACCES, ENOEXEC, ENOTDIR, …: as a shell would, 126
-        log.error(
-            "command cannot be executed: %s: %s",
-            options.command[0],
-            exc.strerror or exc,
-            extra={"action": "run_failed", "lock": options.name},
-        )
-        return EXIT_CANNOT_EXECUTE
-    if watch is not None:
-        watch.attach(child.pid)  # before any wait: the child is not reaped yet
-    log.info(
-        "running %s under %s (fence %d, run %s)",
-        options.command[0],
-        options.name,
-        lease.fence,
-        run_id,
-        extra={"action": "run_started", "lock": options.name, "fence": lease.fence},
-    )
-    supervisor = _Supervisor(child, lease, options.kill_grace_us, watch)
-    lease.on_lost(lambda _: supervisor.stop("lease_lost"))
-    forward_to.append(supervisor)
-    for signum in pending:
-        supervisor.forward(signum)
-    started = time.monotonic()
-    wait_s = supervisor.enforce()
-    while True:
-        try:
-            returncode = child.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        if (
-            options.timeout_us is not None
-            and time.monotonic() - started >= options.timeout_us / 1e6
-        ):
-            supervisor.stop("timeout")
-        wait_s = supervisor.enforce()
-    # The local deadline passed while the command ran (this process was paused past it, and
-    # the keepalive had no chance to say so yet): the lease is not trusted any more.
-    if supervisor.reason == "lease_lost" or lease.is_lost or lease.remaining_us() <= 0:
-        log.error(
-            "lease on %s lost; command stopped (exit %d)",
-            options.name,
-            _status(returncode),
-            extra={"action": "run_lost", "lock": options.name, "fence": lease.fence},
-        )
-        return EXIT_LEASE_LOST
-    if supervisor.reason == "timeout":
-        log.error(
-            "%s timed out; command stopped",
-            options.name,
-            extra={"action": "run_timeout", "lock": options.name},
-        )
-        return EXIT_TIMEOUT
-    status = _status(returncode)
-    log.info(
-        "%s finished with status %d",
-        options.name,
-        status,
-        extra={
-            "action": "run_succeeded" if status == 0 else "run_failed",
-            "lock": options.name,
-            "exit_code": status,
-        },
-    )
-    return status
 
 
 # A cron daemon whose clock runs a little fast fires before the store reaches the slot:
@@ -599,7 +345,7 @@ def run_exec_schedule(
         lease.start_keepalive()
     status: int | None = None
     try:
-        status = _supervise(
+        status = run_command(
             lease,
             options,
             backend_url,
@@ -618,7 +364,7 @@ def run_exec_schedule(
 
         # The command's output is passed through, not stored; what is stored is scrubbed
         # all the same (fleetcron.scrub), as the daemon's outcomes are.
-        outcome = Scrubber(backend_url).outcome(_slot_outcome(status, lease.cancel_requested))
+        outcome = Scrubber(backend_url).outcome(run_outcome(status, lease.cancel_requested))
         try:
             lease.finish(outcome, on_retry=retrying)
         except Exception as error:
@@ -646,17 +392,3 @@ def run_exec_schedule(
     if lease.accepted is None and status is not None and status != EXIT_LEASE_LOST:
         return EXIT_STORE_UNAVAILABLE  # the command ran; its outcome could not be recorded
     return status
-
-
-def _slot_outcome(status: int | None, cancel_requested: bool) -> RunOutcome:
-    if status is None:
-        return RunOutcome(state="failed", error="fleetcron exec failed before the command ended")
-    if cancel_requested:
-        return RunOutcome(state="cancelled", exit_code=status, error="cancel requested")
-    if status == EXIT_LEASE_LOST:
-        return RunOutcome(state="lost", exit_code=status, error="lease lost; command stopped")
-    if status == EXIT_TIMEOUT:
-        return RunOutcome(state="failed", exit_code=status, error="timed out")
-    if status == 0:
-        return RunOutcome(state="succeeded", exit_code=0)
-    return RunOutcome(state="failed", exit_code=status, error=f"exit status {status}")
