@@ -14,6 +14,9 @@ That stop sequence runs in this process, so it needs this process alive and sche
 With a :class:`~fleetcron.reaper.Reaper` in the :class:`StopPolicy`, every process group
 of a run is also watched by the reaper process, told its stop points whenever they move:
 it stops the group on time when this process is frozen, and at once when it has died.
+
+:func:`expect` and :func:`supervise` are that sequence for a process its caller starts
+itself (``fleetcron exec``: its command keeps exec's standard streams).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from fleetcron.reaper import Reaper, Watch
 from fleetcron.scrub import Scrubber, ScrubbingStream, scrubber_for
 from fleetcron.stores.ledger import OUTPUT_LIMIT
 
-__all__ = ["Cancellation", "Execution", "StopPolicy", "execute"]
+__all__ = ["Cancellation", "Execution", "StopPolicy", "execute", "expect", "supervise"]
 
 _READ_SIZE = 65_536  # bytes of a command's output read at a time
 _RESULT_LIMIT = 4096
@@ -170,7 +173,7 @@ async def _run_process(
     isolated: CallTarget | None,
 ) -> RunOutcome:
     env = _environment(ctx, backend_url)
-    watch = _expect(stop, cancellation, ctx)
+    watch = expect(stop, cancellation, run_id=ctx.run_id, label=ctx.job)
     result_read = result_write = -1
     pass_fds: tuple[int, ...] = ()
     if isolated is not None:
@@ -205,7 +208,7 @@ async def _run_process(
     tail = _OutputTail(ctx.job, echo, scrubber)
     reader = asyncio.create_task(tail.pump(process))
     try:
-        await _supervise(process, cancellation, stop, watch)
+        await supervise(process, cancellation, stop, watch)
     finally:
         _killpg(process.pid, signal.SIGKILL)  # whatever the run left behind in its group
         if watch is not None:
@@ -233,23 +236,29 @@ async def _run_process(
     )
 
 
-def _expect(stop: StopPolicy, cancellation: Cancellation, ctx: RunContext) -> Watch | None:
-    """Announce the run to the reaper before its process starts (``None``: no reaper)."""
+def expect(
+    stop: StopPolicy, cancellation: Cancellation, *, run_id: str, label: str
+) -> Watch | None:
+    """Announce a run to the policy's reaper with its stop points, before its process is
+    started with ``FLEETCRON_RUN_ID=run_id`` (``None``: no reaper). The caller attaches
+    the process to the watch once it has started (:meth:`~fleetcron.reaper.Watch.attach`),
+    hands the watch to :func:`supervise`, and ends it (:meth:`~fleetcron.reaper.Watch.done`)
+    once the process has ended."""
     if stop.reaper is None:
         return None
     points = stop_points(
         deadline_us=stop.deadline(), grace_us=stop.grace_us, asked_at_us=cancellation.asked_at_us
     )
     return stop.reaper.expect(
-        ctx.run_id,
+        run_id,
         grace_us=stop.grace_us,
-        label=ctx.job,
+        label=label,
         term_at_us=points.term_at,
         kill_at_us=points.kill_at,
     )
 
 
-async def _supervise(
+async def supervise(
     process: asyncio.subprocess.Process,
     cancellation: Cancellation,
     stop: StopPolicy,
@@ -257,8 +266,11 @@ async def _supervise(
 ) -> None:
     """Wait for ``process`` to end, stopping its group on time: SIGTERM when the run is
     asked to stop or a grace before the lease's deadline, SIGKILL at the deadline (or a
-    grace after the SIGTERM) — whichever comes first. ``watch`` (the reaper's) is told
-    the stop points each time they are computed (it sends only a change)."""
+    grace after the SIGTERM) — whichever comes first. Reaching the SIGTERM point asks
+    ``cancellation`` to stop with the policy's ``deadline_reason`` (the first reason
+    wins). ``watch`` (the reaper's) is told the stop points each time they are computed
+    (it sends only a change). Returns when the process has ended; what it left running in
+    its group is the caller's to stop, or not."""
     waiter = asyncio.ensure_future(process.wait())
     asked = asyncio.ensure_future(cancellation.event.wait())
     moved = asyncio.ensure_future(stop.moved.wait()) if stop.moved is not None else None

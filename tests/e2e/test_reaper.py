@@ -220,3 +220,14 @@ def test_the_reaper_exits_with_its_supervisor_and_is_reaped(
 
 def _toml(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def test_an_exec_whose_lease_is_renewed_runs_its_command_past_the_first_deadline(
+    sqlite_cli: Cli,
+) -> None:
+    # A 2 s lease: its first SIGTERM point is 1.5 s after the acquire. Renewed every 0.7 s,
+    # and the reaper told each new deadline before the old point, nothing stops the command.
+    result = sqlite_cli.run("exec", "renewed", "--lock-at-most", "2s", "--", "sleep", "5")
+
+    assert result.returncode == 0, result.stderr
+    assert "reaper:" not in result.stderr, result.stderr
