@@ -37,3 +37,46 @@ def test_an_exec_duration_in_digits_other_than_ascii_is_refused(
     assert_clean_error(result, EXIT_USAGE, "--lock-at-most", "write the digits as ASCII 0-9")
     assert not marker.exists()
     assert not (tmp_path / "fleetcron.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://root:hunter2@127.0.0.1:0/test", "the port must be a number from 1 to 65535"),
+        ("redis://:hunter2@127.0.0.1:0/0", "the port must be a number from 1 to 65535, not '0'"),
+        ("postgresql://u:hunter2@127.0.0.1:0/test", "the port must be a number from 1 to"),
+        ("mysql://root:hunter2@127.0.0.1:3306/test?timeout=5&timeout=6", "given more than once"),
+        ("redis://:hunter2@127.0.0.1:6379?db=0&db=1", "parameter(s) db given more than once"),
+        ("postgresql://u:hunter2@127.0.0.1/test?sslmode=disable&sslmode=require", "sslmode"),
+        ("redis://:hunter2@127.0.0.1:6379/0?timeout=١٠", "written in ASCII digits 0-9"),
+    ],
+)
+def test_a_backend_url_part_that_would_be_ignored_is_refused(
+    namespace: str, tmp_path: Path, url: str, message: str
+) -> None:
+    marker = tmp_path / "ran"
+
+    result = Cli(url, namespace, tmp_path).run("exec", "job", "--", "touch", str(marker))
+
+    assert_clean_error(result, EXIT_USAGE, "backend URL", message)
+    assert "hunter2" not in result.stderr, "the password was printed"
+    assert not marker.exists()
+
+
+def test_a_sqlite_url_with_a_relative_path_is_refused_with_its_absolute_spelling(
+    namespace: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+
+    result = Cli("sqlite://fleetcron.db", namespace, tmp_path).run(
+        "exec", "job", "--", "touch", str(marker)
+    )
+
+    assert_clean_error(
+        result,
+        EXIT_USAGE,
+        "backend URL 'sqlite://fleetcron.db': a SQLite URL takes an absolute path",
+        f"write 'sqlite://{tmp_path / 'fleetcron.db'}'",
+    )
+    assert not marker.exists()
+    assert not (tmp_path / "fleetcron.db").exists()
