@@ -72,6 +72,8 @@ def test_a_silent_server_is_given_up_on_within_the_url_timeouts(
     ("template", "limit"),
     [
         ("mysql://root@127.0.0.1:{port}/test?connect_timeout=1&timeout=30", "no answer within 1 s"),
+        ("redis://127.0.0.1:{port}/0?connect_timeout=1&timeout=30", "no answer within 1 s"),
+        ("redis://:pw@127.0.0.1:{port}/0?connect_timeout=1&timeout=30", "no answer within 1 s"),
         # libpq's connect_timeout is whole seconds, at least 2; its own words name it.
         ("postgresql://postgres@127.0.0.1:{port}/test?connect_timeout=2&timeout=30", "timeout"),
     ],
@@ -89,5 +91,6 @@ def test_a_silent_server_is_given_up_on_after_connect_timeout_not_timeout(
 
     elapsed = time.monotonic() - started  # the URLs' timeout is 30 s
     assert elapsed < 10, f"gave up after {elapsed:.1f} s, not after connect_timeout"
-    assert_clean_error(result, EXIT_STORE_UNAVAILABLE, f"cannot connect to {url}", limit)
+    shown = url.replace(":pw@", ":***@")
+    assert_clean_error(result, EXIT_STORE_UNAVAILABLE, f"cannot connect to {shown}", limit)
     assert not marker.exists(), "the command started without a store"

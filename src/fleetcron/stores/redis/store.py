@@ -30,7 +30,13 @@ from fleetcron.stores.base import (
     drive,
     drive_async,
 )
-from fleetcron.stores.redis.connect import _config, check_server, client_args, probe
+from fleetcron.stores.redis.connect import (
+    _config,
+    async_client,
+    check_server,
+    probe,
+    sync_client,
+)
 from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
@@ -114,8 +120,7 @@ class RedisStore:
         self.ops = RedisOperations()
         self._lock = threading.Lock()
         self._closed = False
-        address, args = client_args(url)
-        self._client: redis.Redis = redis.Redis.from_url(address, **args)
+        self._client: redis.Redis = sync_client(url)
         self._scripts: dict[str, RedisScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
@@ -267,8 +272,7 @@ class AsyncRedisStore:
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
         self.ops = RedisOperations()
-        address, args = client_args(url)
-        self._client: aioredis.Redis = aioredis.Redis.from_url(address, **args)
+        self._client: aioredis.Redis = async_client(url)
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
