@@ -1,15 +1,18 @@
 """Input that once was taken and quietly meant something else is refused: one line on
 stderr naming what is wrong and where (the URL redacted), exit 2, and nothing touched —
-no SQLite file, no command started."""
+no SQLite file, no command started. A Redis password the server does not check is taken,
+and said so."""
 
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
 from e2e.helpers import Cli, assert_clean_error
 from fleetcron.cli.exitcodes import EXIT_USAGE
+from services import require_service
 
 
 @pytest.mark.parametrize("every", ["١٠s", "１０s"])
@@ -80,3 +83,33 @@ def test_a_sqlite_url_with_a_relative_path_is_refused_with_its_absolute_spelling
     )
     assert not marker.exists()
     assert not (tmp_path / "fleetcron.db").exists()
+
+
+def test_a_redis_password_the_server_does_not_check_is_warned_about(
+    namespace: str, tmp_path: Path
+) -> None:
+    parts = urllib.parse.urlsplit(require_service("redis"))
+    if parts.password:
+        pytest.skip("the test Redis asks for a password")
+    url = f"redis://:hunter2@{parts.hostname}:{parts.port or 6379}/0"
+    marker = tmp_path / "ran"
+    cli = Cli(url, namespace, tmp_path)
+
+    result = cli.run(
+        "--namespace",
+        namespace,
+        "exec",
+        "job",
+        "--",
+        "touch",
+        str(marker),
+        flags=False,
+        env={"FLEETCRON_BACKEND": url},  # not on the command line: no warning about that
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert marker.exists()
+    (warning,) = [line for line in result.stderr.splitlines() if "password" in line]
+    assert "lets a client in without a password" in warning
+    assert f"redis://:***@{parts.hostname}" in warning
+    assert "hunter2" not in result.stderr

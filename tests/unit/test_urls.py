@@ -168,6 +168,8 @@ def test_bad_mysql_url_parameters_are_refused(query: str, problem: str) -> None:
         ("rediss://:s3cret@h/0?ssl_ca_certs=/nonexistent.pem", "not a readable file"),
         ("rediss://:s3cret@h/0?ssl_check_hostname=maybe", "must be true or false"),
         ("redis://:s3cret@h/1?db=2", "names the database twice"),
+        ("redis://:s3cret@h/1?password=other", "gives the password twice"),
+        ("unix://:s3cret@/run/redis.sock?password=other", "gives the password twice"),
         ("redis://:s3cret@h/0?timeout=abc", "timeout must be a positive number"),
     ],
 )
@@ -178,6 +180,16 @@ def test_bad_redis_url_parameters_are_refused(url: str, problem: str) -> None:
         client_args(parse_store_url(url))
     assert problem in raised.value.message
     assert "s3cret" not in raised.value.message
+
+
+def test_a_redis_password_without_a_user_name_is_the_default_users() -> None:
+    from fleetcron.stores.redis.connect import client_args
+
+    for url in ("redis://:pw@127.0.0.1/0", "redis://127.0.0.1/0?password=pw"):
+        assert client_args(parse_store_url(url))[1]["username"] == "default"
+    assert "username" not in client_args(parse_store_url("redis://127.0.0.1/0"))[1]
+    address, args = client_args(parse_store_url("redis://app:pw@127.0.0.1/0"))
+    assert (address, "username" in args) == ("redis://app:pw@127.0.0.1", False)
 
 
 def test_redis_urls_become_checked_client_arguments() -> None:

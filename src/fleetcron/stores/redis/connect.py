@@ -35,6 +35,8 @@ from fleetcron.stores.url import URL_BOOLEANS, StoreURL
 __all__ = [
     "PERSISTENCE_MARKER",
     "async_client",
+    "check_password",
+    "check_password_async",
     "check_server",
     "client_args",
     "probe",
@@ -115,7 +117,7 @@ def _open_socket(conn: Any, opened: Callable[[], Any]) -> Any:
     conn.socket_timeout = limit if socket_timeout is None else min(limit, socket_timeout)
     try:
         return opened()
-    except TimeoutError:  # the TLS handshake's (redis-py names the TCP connect's)
+    except TimeoutError:  # the TCP connect's or the TLS handshake's
         raise _no_answer(conn) from None
     finally:
         conn.socket_timeout = socket_timeout
@@ -145,7 +147,7 @@ def _open_session(conn: Any) -> None:
         os.close(watched)
     if cut.expired:  # cut just as the session opened: the socket is gone
         raise _no_answer(conn)
-    sock.settimeout(conn.socket_timeout)
+    conn._sock.settimeout(conn.socket_timeout)
 
 
 async def _open_socket_async(conn: Any, opened: Callable[[], Awaitable[None]]) -> None:
@@ -257,7 +259,8 @@ def client_args(url: StoreURL) -> tuple[str, dict[str, Any]]:
     Parameters: ``db`` (or the path ``/N``), ``password``, and on ``rediss://`` the TLS
     ones (``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
     ``ssl_check_hostname``); ``timeout`` and ``connect_timeout`` are read by
-    :func:`fleetcron.stores.url.parse_store_url`."""
+    :func:`fleetcron.stores.url.parse_store_url`. A password without a user name is the
+    default user's, named (``username="default"``)."""
     parts = urllib.parse.urlsplit(url.driver_url)
     scheme = parts.scheme.lower()
     query = url.query
@@ -291,9 +294,81 @@ def client_args(url: StoreURL) -> tuple[str, dict[str, Any]]:
     if "db" in query:
         args["db"] = _database(query["db"], url)
     if "password" in query:
+        if parts.password is not None:
+            # redis-py would take the one before the @ and drop the other without a word.
+            raise ConfigurationError(
+                f"backend URL {url.redacted!r} gives the password twice (before the @ "
+                "and as ?password=)"
+            )
         args["password"] = query["password"]
+    if (parts.password or query.get("password")) and not parts.username:
+        # The default user by name: a server without a password refuses AUTH PASSWORD
+        # (RESP2, redis-py's protocol before 8.0) but lets in HELLO 3 AUTH default
+        # PASSWORD (RESP3) and AUTH default PASSWORD. One behaviour whatever the protocol,
+        # and the store says that the password is not checked (check_password).
+        args["username"] = "default"
     args.update(_tls_args(query, url))
     return base, args
+
+
+def _password_probe(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A connection's arguments without its credentials, when they hold a password for the
+    default user (no user name, or ``default``); ``None`` otherwise: a named user's
+    password picks the user, whether or not the default user needs one."""
+    if not kwargs.get("password") or kwargs.get("username") not in (None, "", "default"):
+        return None
+    return {**kwargs, "username": None, "password": None}
+
+
+def _warn_unchecked(url: str) -> None:
+    log.warning(
+        "Redis at %s lets a client in without a password, so the password in the backend "
+        "URL is not checked and anyone who reaches the server gets in: set it on the "
+        "server (requirepass) or take it out of the URL (see docs/backends.md)",
+        url,
+        extra={"action": "store_warning", "store": url},
+    )
+
+
+def check_password(url: str, client: redis.Redis) -> None:
+    """Warn (``store_warning``) when ``client``'s URL gives a password for the default
+    user and the server lets a client in without one: a connection made as the client's
+    are, without credentials, is answered ``PONG``. A server that asks for the password
+    (``NOAUTH``), or any other failure of that connection, says nothing."""
+    pool = client.connection_pool
+    kwargs = _password_probe(pool.connection_kwargs)
+    if kwargs is None:
+        return
+    conn: Any = pool.connection_class(**kwargs)
+    try:
+        conn.connect()
+        conn.send_command("PING")
+        unchecked = conn.read_response() in (b"PONG", "PONG")
+    except redis.exceptions.RedisError:
+        unchecked = False
+    finally:
+        conn.disconnect()
+    if unchecked:
+        _warn_unchecked(url)
+
+
+async def check_password_async(url: str, client: redis.asyncio.Redis) -> None:
+    """:func:`check_password`'s async twin."""
+    pool = client.connection_pool
+    kwargs = _password_probe(pool.connection_kwargs)
+    if kwargs is None:
+        return
+    conn: Any = pool.connection_class(**kwargs)
+    try:
+        await conn.connect()
+        await conn.send_command("PING")
+        unchecked = await conn.read_response() in (b"PONG", "PONG")
+    except redis.exceptions.RedisError:
+        unchecked = False
+    finally:
+        await conn.disconnect()
+    if unchecked:
+        _warn_unchecked(url)
 
 
 def probe(pipe: Any, *, mark: bool = True) -> None:

@@ -33,6 +33,8 @@ from fleetcron.stores.base import (
 from fleetcron.stores.redis.connect import (
     _config,
     async_client,
+    check_password,
+    check_password_async,
     check_server,
     probe,
     sync_client,
@@ -129,6 +131,7 @@ class RedisStore:
                 probe(pipe, mark=create)
                 replies = pipe.execute(raise_on_error=False)
             check_server(self.url, replies, mark=create)
+            check_password(self.url, self._client)
             self._conn: Any = self._client.connection_pool.get_connection()
         except redis.exceptions.RedisError as exc:
             self._client.close()
@@ -285,6 +288,7 @@ class AsyncRedisStore:
                 probe(pipe, mark=create)
                 replies = await pipe.execute(raise_on_error=False)
             check_server(self.url, replies, mark=create)
+            await check_password_async(self.url, self._client)
         except redis.exceptions.RedisError as exc:
             await self._client.aclose()
             raise connect_error(self.url, translate(exc)) from exc
