@@ -27,20 +27,26 @@ _UNITS_US = {
 # Longer than any lease, schedule or retention a user means, and small enough for every
 # store's 64-bit microsecond columns once added to the current time.
 MAX_DURATION_US = 100 * 365 * 86_400_000_000
-_PART = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h|d)")
-_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:us|ms|s|m|h|d))+")
+# [0-9], not \d: \d (and float(), and int()) take every script's digits — "١٠s" and
+# "１０s" would be ten seconds — so a duration would mean something no reader of the file
+# or of a log line sees at a glance.
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(us|ms|s|m|h|d)")
+_WHOLE = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:us|ms|s|m|h|d))+")
 
 
 def parse_duration(text: str, *, what: str = "duration") -> int:
     """Parse ``text`` (e.g. ``"1h30m"``) into microseconds.
 
     Raises :class:`ConfigurationError` naming ``what`` when the text is not a duration.
-    A bare number is rejected: the unit must be explicit.
+    A bare number is rejected: the unit must be explicit. The digits are ASCII ``0-9``
+    only; a digit of another script (``١٠s``, ``１０s``) is refused, and the error says so.
     """
     total = _parsed(text.strip().lower())
     if total is None:
+        foreign = any(c.isdigit() and not c.isascii() for c in text)
+        hint = "; write the digits as ASCII 0-9" if foreign else ""
         raise ConfigurationError(
-            f"{what}: {text!r} is not a duration (use e.g. 500ms, 90s, 10m, 1h30m, 2d)"
+            f"{what}: {text!r} is not a duration (use e.g. 500ms, 90s, 10m, 1h30m, 2d{hint})"
         )
     return _bounded(total, text, what)
 

@@ -167,7 +167,7 @@ def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path)
     ("url", "message"),
     [
         ("postgresql://u:hunter2@[::1/x", "is invalid"),
-        ("postgresql://u:hunter2@127.0.0.1:99999/x", "Port out of range"),
+        ("postgresql://u:hunter2@127.0.0.1:99999/x", "port must be a number from 1 to 65535"),
         ("ftp://u:hunter2@host/x", "scheme 'ftp' is not supported"),
         ("not-a-url", "has no scheme"),
         ("redis://", "names no host"),

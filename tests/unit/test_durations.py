@@ -57,3 +57,19 @@ def test_durations_render_compactly(micros: int, text: str) -> None:
 def test_a_duration_no_store_could_hold_is_refused(value: object) -> None:
     with pytest.raises(ConfigurationError, match="longer than 100 years"):
         to_micros(value, what="lock_at_most")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["١٠s", "１０s", "1٠m", "۵00ms", "१h", "1.٥s", "²s"])
+def test_digits_other_than_ascii_are_refused_and_the_error_says_so(text: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        parse_duration(text, what="every")
+    assert raised.value.message == (
+        f"every: {text!r} is not a duration (use e.g. 500ms, 90s, 10m, 1h30m, 2d; "
+        "write the digits as ASCII 0-9)"
+    )
+
+
+def test_an_error_without_foreign_digits_gives_no_digit_hint() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        parse_duration("10µs", what="every")
+    assert "ASCII" not in raised.value.message

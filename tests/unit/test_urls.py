@@ -38,7 +38,7 @@ def test_sqlite_urls_carry_an_absolute_path() -> None:
         ("localhost:5432", "no scheme"),
         ("ftp://host/x", "not supported"),
         ("postgresql://", "names no host"),
-        ("redis://host:notaport/0", "invalid"),
+        ("redis://host:notaport/0", "the port must be a number from 1 to 65535"),
         ("sqlite://", "names no database file"),
     ],
 )
@@ -168,6 +168,8 @@ def test_bad_mysql_url_parameters_are_refused(query: str, problem: str) -> None:
         ("rediss://:s3cret@h/0?ssl_ca_certs=/nonexistent.pem", "not a readable file"),
         ("rediss://:s3cret@h/0?ssl_check_hostname=maybe", "must be true or false"),
         ("redis://:s3cret@h/1?db=2", "names the database twice"),
+        ("redis://:s3cret@h/1?password=other", "gives the password twice"),
+        ("unix://:s3cret@/run/redis.sock?password=other", "gives the password twice"),
         ("redis://:s3cret@h/0?timeout=abc", "timeout must be a positive number"),
     ],
 )
@@ -178,6 +180,16 @@ def test_bad_redis_url_parameters_are_refused(url: str, problem: str) -> None:
         client_args(parse_store_url(url))
     assert problem in raised.value.message
     assert "s3cret" not in raised.value.message
+
+
+def test_a_redis_password_without_a_user_name_is_the_default_users() -> None:
+    from fleetcron.stores.redis.connect import client_args
+
+    for url in ("redis://:pw@127.0.0.1/0", "redis://127.0.0.1/0?password=pw"):
+        assert client_args(parse_store_url(url))[1]["username"] == "default"
+    assert "username" not in client_args(parse_store_url("redis://127.0.0.1/0"))[1]
+    address, args = client_args(parse_store_url("redis://app:pw@127.0.0.1/0"))
+    assert (address, "username" in args) == ("redis://app:pw@127.0.0.1", False)
 
 
 def test_redis_urls_become_checked_client_arguments() -> None:
@@ -265,3 +277,122 @@ def test_a_prepared_statements_parameter_that_would_not_work_is_refused(
     with pytest.raises(ConfigurationError, match=re.escape(problem)) as caught:
         parse_store_url(url)
     assert "backend URL" in str(caught.value)
+
+
+PORT_SCHEMES = ["postgresql", "postgres", "mysql", "mariadb", "redis", "rediss"]
+
+
+@pytest.mark.parametrize("scheme", PORT_SCHEMES)
+@pytest.mark.parametrize("port", ["0", "00", "65536", "99999", "-1", "+80", "０", "٣٣٠٦", "8o"])
+def test_a_port_outside_1_to_65535_is_refused_on_every_scheme(scheme: str, port: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        parse_store_url(f"{scheme}://user:s3cret@db:{port}/0")
+    assert raised.value.message == (
+        f"backend URL '{scheme}://user:***@db:{port}/0': the port must be a number from 1 "
+        f"to 65535, not {port!r}"
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://[::1]:0/0",
+        "postgresql://h1:5432,h2:0/app",
+        "postgresql://h1:0,h2:5432/app",
+        "mysql://root@h1:3306,h2:3306/app",  # a list of hosts is PostgreSQL's only
+    ],
+)
+def test_a_bad_port_is_refused_wherever_it_stands_in_the_authority(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="the port must be a number from 1 to 65535"):
+        parse_store_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://root@db:1/app",
+        "mysql://root@db:65535/app",
+        "redis://[::1]:6379/0",
+        "postgresql://app@h1:5432,h2:5433/app",
+        "postgresql://app@h1:5432,h2/app",
+    ],
+)
+def test_ports_from_1_to_65535_are_taken(url: str) -> None:
+    parse_store_url(url)
+
+
+def test_port_0_no_longer_becomes_the_mysql_default() -> None:
+    with pytest.raises(ConfigurationError, match="not '0'"):
+        parse_store_url("mysql://root@127.0.0.1:0/test")
+
+
+@pytest.mark.parametrize(
+    ("url", "names"),
+    [
+        ("mysql://root@db/app?timeout=5&timeout=6", "timeout"),
+        ("postgresql://app@db/app?connect_timeout=2&connect_timeout=3", "connect_timeout"),
+        ("postgresql://app@db/app?sslmode=disable&sslmode=require", "sslmode"),
+        ("postgres://db/app?prepared_statements=on&prepared_statements=0", "prepared_statements"),
+        ("redis://127.0.0.1?db=1&db=2", "db"),
+        ("rediss://h/0?ssl_cert_reqs=none&timeout=1&ssl_cert_reqs=required", "ssl_cert_reqs"),
+        ("mysql://root@db/app?unix_socket=/a&unix_socket=/b", "unix_socket"),
+        ("sqlite:///tmp/x.db?timeout=5&timeout=6", "timeout"),
+        ("mysql://root@db/app?time%6Fut=5&timeout=6", "timeout"),  # one name, spelt twice
+        ("mysql://root@db/app?timeout=5&timeout=5", "timeout"),  # even the same value
+        ("redis://h/0?db=1&timeout=1&db=2&timeout=2", "db, timeout"),
+    ],
+)
+def test_a_parameter_given_twice_is_refused_not_taken_once(url: str, names: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        parse_store_url(url)
+    assert f"parameter(s) {names} given more than once; give each once" in raised.value.message
+
+
+def test_a_repeated_password_parameter_is_refused_without_showing_either_value() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        parse_store_url("redis://:s3cret@h/0?password=first1&password=second2")
+    assert "parameter(s) password given more than once" in raised.value.message
+    for secret in ("s3cret", "first1", "second2"):
+        assert secret not in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite://relative.db", "relative.db"),
+        ("sqlite://data/fleetcron.db", "data/fleetcron.db"),
+        ("sqlite://./fleetcron.db", "./fleetcron.db"),
+        ("sqlite://localhost/var/fleetcron.db", "localhost/var/fleetcron.db"),
+        ("sqlite://relative.db?timeout=5", "relative.db"),
+    ],
+)
+def test_a_sqlite_url_with_two_slashes_is_refused_showing_the_absolute_spelling(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str, path: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError) as raised:
+        parse_store_url(url)
+    message = raised.value.message
+    assert message.startswith(f"backend URL {url!r}: a SQLite URL takes an absolute path")
+    assert "(three slashes: sqlite:///var/lib/app/fleetcron.db)" in message
+    assert message.endswith(f"for {path!r} here, write {f'sqlite://{tmp_path / path}'!r}")
+
+
+def test_a_sqlite_url_under_the_home_directory_is_spelt_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigurationError) as raised:
+        parse_store_url("sqlite://~/fc.db")
+    assert raised.value.message.endswith(f"write {f'sqlite://{tmp_path}/fc.db'!r}")
+
+
+def test_the_three_slash_sqlite_url_is_absolute() -> None:
+    assert parse_store_url("sqlite:///relative.db").path == Path("/relative.db")
+
+
+@pytest.mark.parametrize("value", ["١٠", "１０", "٣s", "1.٥"])
+def test_a_url_timeout_in_digits_other_than_ascii_is_refused_saying_so(value: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        parse_store_url(f"redis://127.0.0.1/0?timeout={value}")
+    assert raised.value.message.endswith(f"written in ASCII digits 0-9, not {value!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +68,8 @@ class StoreURL:
 
     @property
     def query(self) -> dict[str, str]:
-        """The driver URL's query parameters (the last value of a repeated one)."""
+        """The driver URL's query parameters (none is repeated: :func:`parse_store_url`
+        refuses that)."""
         query = self.driver_url.partition("?")[2]
         return dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
 
@@ -161,27 +163,64 @@ def default_sqlite_path() -> Path:
     return Path(state) / "fleetcron" / "fleetcron.db"
 
 
+def _foreign_digits(text: str) -> bool:
+    """Whether ``text`` holds a digit that is not ASCII (``١``, ``１``, ``²``)."""
+    return any(c.isdigit() and not c.isascii() for c in text)
+
+
 def _seconds(text: str, key: str, redacted: str) -> float:
     """A timeout: a number of seconds (as libpq, PyMySQL and redis-py write it in URLs)
-    or a duration with its unit (``500ms``, ``2s``)."""
-    value: float
-    try:
-        value = float(text)
-    except ValueError:
+    or a duration with its unit (``500ms``, ``2s``), in ASCII digits."""
+    value = -1.0
+    # float() takes every script's digits ("١٠" is ten): only ASCII text is a number here.
+    if text.isascii():
         try:
-            value = parse_duration(text, what=key) / 1_000_000
-        except ConfigurationError:
-            value = -1.0
+            value = float(text)
+        except ValueError:
+            try:
+                value = parse_duration(text, what=key) / 1_000_000
+            except ConfigurationError:
+                pass
     if not 0 < value <= _MAX_TIMEOUT_S:
+        ascii_only = ", written in ASCII digits 0-9" if _foreign_digits(text) else ""
         raise ConfigurationError(
             f"backend URL {redacted!r}: {key} must be a positive number of seconds or a "
-            f"duration such as 500ms or 5s (at most a year), not {text!r}"
+            f"duration such as 500ms or 5s (at most a year){ascii_only}, not {text!r}"
         )
     return value
 
 
 URL_BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 """The words a backend URL's yes/no parameter may take."""
+
+
+def _check_repeated(url: str, redacted: str) -> None:
+    """Refuse a query parameter given more than once: each driver keeps one of the values
+    (the last, mostly) without a word, so ``timeout=5&timeout=6`` would quietly mean 6."""
+    query = url.partition("?")[2]
+    names = Counter(urllib.parse.unquote_plus(p.partition("=")[0]) for p in query.split("&") if p)
+    repeated = sorted(name for name, count in names.items() if count > 1)
+    if repeated:
+        raise ConfigurationError(
+            f"backend URL {redacted!r}: parameter(s) {', '.join(repeated)} given more than "
+            "once; give each once"
+        )
+
+
+def _check_ports(netloc: str, kind: str, redacted: str) -> None:
+    """Refuse a port that is not a number from 1 to 65535, for each host of the
+    authority (PostgreSQL takes a comma-separated list). Port 0 is no error to a URL
+    parser: PyMySQL and redis-py took it for their default port (3306, 6379), and libpq's
+    connect to it fails with a message that does not say why."""
+    hosts = netloc.rpartition("@")[2]
+    for host in hosts.split(",") if kind == "postgres" else [hosts]:
+        if host.startswith("["):  # [IPv6]:port
+            port = host.partition("]")[2].removeprefix(":")
+        else:
+            port = host.partition(":")[2]
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            problem = f"the port must be a number from 1 to 65535, not {port!r}"
+            raise ConfigurationError(f"backend URL {redacted!r}: {problem}")
 
 
 def _take_params(url: str, names: tuple[str, ...]) -> tuple[str, list[tuple[str, str]]]:
@@ -241,9 +280,21 @@ def _take_prepared(url: str, kind: str, redacted: str) -> tuple[str, bool]:
     return rest, value
 
 
+def _absolute_spelling(path_text: str) -> str:
+    """How to write ``path_text``, taken relative to this process's working directory
+    (or to the home directory, for ``~``), as a SQLite URL; empty when there is no
+    working directory to say."""
+    try:
+        path = Path(path_text).expanduser() if path_text.startswith("~") else Path(path_text)
+        absolute = Path.cwd() / path
+    except (OSError, RuntimeError):  # a deleted working directory, an unknown home
+        return ""
+    return f" — for {path_text!r} here, write {f'sqlite://{absolute}'!r}"
+
+
 def _sqlite_url(url: str, rest: str, redacted: str) -> StoreURL:
-    path_text, _, query = rest.partition("?")
-    path_text = urllib.parse.unquote(path_text)
+    written, _, query = rest.partition("?")
+    path_text = urllib.parse.unquote(written)
     if not path_text or path_text == "/":
         raise ConfigurationError(f"backend URL {redacted!r} names no database file")
     if "\x00" in path_text:
@@ -253,6 +304,18 @@ def _sqlite_url(url: str, rest: str, redacted: str) -> StoreURL:
             f"backend URL {redacted!r}: an in-memory SQLite database is private to one "
             "connection; use memory:// for a store inside one process, or a file path"
         )
+    if not written.startswith("/"):
+        # sqlite://relative.db: a relative path names another file in each working
+        # directory (cron's is $HOME, a service's /), so two processes of one host could
+        # keep two ledgers and both run a slot. And the form is read differently elsewhere
+        # (SQLAlchemy takes what follows two slashes for a host, three for a relative
+        # path): only the absolute path, which no reader can mistake, is taken.
+        raise ConfigurationError(
+            f"backend URL {redacted!r}: a SQLite URL takes an absolute path after sqlite:// "
+            "(three slashes: sqlite:///var/lib/app/fleetcron.db); a relative path would "
+            "name another file in each working directory" + _absolute_spelling(path_text)
+        )
+    _check_repeated(url, redacted)
     params = [p.partition("=")[0] for p in query.split("&") if p]
     if "connect_timeout" in params:
         raise ConfigurationError(
@@ -305,9 +368,12 @@ def parse_store_url(url: str) -> StoreURL:
         return _sqlite_url(url, rest, redacted)
     try:
         parts = urllib.parse.urlsplit(url)
-        _ = parts.port  # validates the port
+        _check_ports(parts.netloc, kind, redacted)
+        if kind != "postgres":  # a list of hosts is no port to urlsplit
+            _ = parts.port
     except ValueError as exc:
         raise ConfigurationError(f"backend URL {redacted!r} is invalid: {exc}") from None
+    _check_repeated(url, redacted)
     if kind != "redis" or scheme.lower() != "unix":
         if not parts.hostname and "host=" not in parts.query:
             raise ConfigurationError(f"backend URL {redacted!r} names no host")

@@ -30,7 +30,15 @@ from fleetcron.stores.base import (
     drive,
     drive_async,
 )
-from fleetcron.stores.redis.connect import _config, check_server, client_args, probe
+from fleetcron.stores.redis.connect import (
+    _config,
+    async_client,
+    check_password,
+    check_password_async,
+    check_server,
+    probe,
+    sync_client,
+)
 from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
@@ -117,8 +125,7 @@ class RedisStore:
         self.ops = RedisOperations()
         self._lock = threading.Lock()
         self._closed = False
-        address, args = client_args(url)
-        self._client: redis.Redis = redis.Redis.from_url(address, **args)
+        self._client: redis.Redis = sync_client(url)
         self._scripts: dict[str, RedisScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
@@ -127,6 +134,7 @@ class RedisStore:
                 probe(pipe, mark=create)
                 replies = pipe.execute(raise_on_error=False)
             check_server(self.url, replies, mark=create)
+            check_password(self.url, self._client)
             self._conn: Any = self._client.connection_pool.get_connection()
         except redis.exceptions.RedisError as exc:
             self._client.close()
@@ -288,8 +296,7 @@ class AsyncRedisStore:
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
         self.ops = RedisOperations()
-        address, args = client_args(url)
-        self._client: aioredis.Redis = aioredis.Redis.from_url(address, **args)
+        self._client: aioredis.Redis = async_client(url)
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
@@ -302,6 +309,7 @@ class AsyncRedisStore:
                 probe(pipe, mark=create)
                 replies = await pipe.execute(raise_on_error=False)
             check_server(self.url, replies, mark=create)
+            await check_password_async(self.url, self._client)
         except redis.exceptions.RedisError as exc:
             await self._client.aclose()
             raise connect_error(self.url, translate(exc)) from exc

@@ -6,10 +6,12 @@ and ``CLIENT_FOUND_ROWS`` so an UPDATE reports the rows it matched.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymysql
 from pymysql.constants import CLIENT
@@ -27,6 +29,7 @@ from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
 from fleetcron.stores.sql.queue import SqlQueue
 from fleetcron.stores.sql.runner import SqlSyncStore, retry_pause, store_error
+from fleetcron.stores.sql.watchdog import deadline
 from fleetcron.stores.url import StoreURL
 
 __all__ = [
@@ -34,7 +37,9 @@ __all__ = [
     "MysqlOperations",
     "MysqlStore",
     "batch_text",
+    "connect",
     "connect_args",
+    "connect_timed_out",
     "resendable",
     "split_results",
 ]
@@ -57,9 +62,10 @@ _QUERY_KEYS = ("unix_socket",)
 def connect_args(url: StoreURL) -> dict[str, Any]:
     """PyMySQL keyword arguments from a ``mysql://user:pass@host:port/db?…`` URL.
 
-    The URL's ``connect_timeout`` bounds the TCP connect; its ``timeout`` bounds the
-    greeting and every reply (PyMySQL's ``read_timeout``) and every send
-    (``write_timeout``). ``unix_socket`` is the only other parameter; any other is refused."""
+    The URL's ``connect_timeout`` is PyMySQL's, which bounds only the TCP connect
+    (:func:`connect` bounds the whole connect with it); its ``timeout`` bounds every reply
+    (PyMySQL's ``read_timeout``) and every send (``write_timeout``). ``unix_socket`` is the
+    only other parameter; any other is refused."""
     parts = urllib.parse.urlsplit(url.driver_url)
     query = url.query
     unknown = sorted(set(query) - set(_QUERY_KEYS))
@@ -93,6 +99,112 @@ def connect_args(url: StoreURL) -> dict[str, Any]:
     if args["database"] is None:
         raise ConfigurationError(f"backend URL {url.redacted!r} names no database (mysql://…/DB)")
     return args
+
+
+def connect_timed_out(url: StoreURL) -> StoreUnavailable:
+    """The error of a connect given up on after the backend URL's ``connect_timeout``."""
+    return StoreUnavailable(
+        f"cannot connect to {url.redacted}: no answer within {url.connect_timeout_s:g} s "
+        "(the backend URL's connect_timeout)"
+    )
+
+
+class _ConnectTimeout(pymysql.err.OperationalError):
+    """The connect outlived ``connect_timeout``."""
+
+
+if TYPE_CHECKING:
+    _Connection = pymysql.connections.Connection[Any]  # generic in the stubs only
+else:
+    _Connection = pymysql.connections.Connection
+
+
+class _BoundedConnection(_Connection):
+    """A PyMySQL connection made within ``connect_timeout``, all of it.
+
+    PyMySQL bounds only the TCP connect by ``connect_timeout``: the server's greeting, the
+    authentication and the set-up statements then wait up to ``read_timeout`` each, so a
+    server that accepts and stays silent (paused, or hung with its listen backlog still
+    open) held a client for the URL's ``timeout``, 30 s by default. Here the socket is
+    opened first, as PyMySQL opens it, and handed to PyMySQL under one deadline for the
+    rest: when it passes, the watchdog shuts the socket down and PyMySQL, waiting on it,
+    wakes up with the connection closed. (A reply that takes longer than ``read_timeout``
+    is given up on sooner, as after the connect.)"""
+
+    def connect(self, sock: socket.socket | None = None) -> None:
+        if sock is not None:
+            super().connect(sock)
+            return
+        limit = float(self.connect_timeout or 0) or None
+        started = time.monotonic()
+        sock = self._open_socket(limit)
+        if limit is None:
+            super().connect(sock)
+            return
+        # The watchdog gets a descriptor of its own: PyMySQL closes the socket on an error,
+        # and the number it frees could be another socket's when the deadline passes.
+        watched = os.dup(sock.fileno())
+        cut = deadline(watched, limit - (time.monotonic() - started))
+        try:
+            with cut:
+                super().connect(sock)
+        except pymysql.err.MySQLError:
+            if cut.expired:
+                raise _ConnectTimeout(2013, "no answer within connect_timeout") from None
+            raise
+        finally:
+            os.close(watched)
+        if cut.expired:  # cut just as the connect ended: the socket is gone
+            super().close()
+            raise _ConnectTimeout(2013, "no answer within connect_timeout")
+
+    def _open_socket(self, limit: float | None) -> socket.socket:
+        """The socket PyMySQL's own ``connect`` would open (TCP with no delay and
+        keepalives, or the unix socket), within ``limit`` seconds."""
+        sock: socket.socket | None = None
+        try:
+            if self.unix_socket:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(limit)
+                sock.connect(self.unix_socket)
+                self.host_info = "Localhost via UNIX socket"
+                # As PyMySQL's own connect marks a unix socket: the password may go in
+                # clear over it (caching_sha2_password, sha256_password).
+                self._secure = True
+            else:
+                sock = socket.create_connection((self.host, self.port), limit)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                self.host_info = f"socket {self.host}:{self.port}"
+        except TimeoutError:
+            if sock is not None:
+                sock.close()
+            raise _ConnectTimeout(2003, "no answer within connect_timeout") from None
+        except OSError as exc:
+            if sock is not None:
+                sock.close()
+            raise pymysql.err.OperationalError(
+                2003, f"Can't connect to MySQL server on {self.host!r} ({exc})"
+            ) from exc
+        return sock
+
+
+def connect(args: dict[str, Any], url: StoreURL) -> pymysql.connections.Connection[Any]:
+    """A PyMySQL connection made with ``args`` (:func:`connect_args`) within the URL's
+    ``connect_timeout``: the TCP connect, the server's greeting, the authentication and
+    the set-up statements together. Raises :class:`StoreUnavailable` naming the timeout
+    when it passes or a reply outlives ``timeout``, and PyMySQL's errors otherwise."""
+    try:
+        return _BoundedConnection(**args)
+    except _ConnectTimeout:
+        raise connect_timed_out(url) from None
+    except pymysql.err.OperationalError as exc:
+        if isinstance(exc.__context__, TimeoutError):  # a reply slower than read_timeout
+            raise StoreUnavailable(
+                f"cannot connect to {url.redacted}: no reply within {url.timeout_s:g} s "
+                "(the backend URL's timeout)"
+            ) from exc
+        raise
 
 
 def translate(exc: BaseException) -> FleetcronError | None:
@@ -158,7 +270,7 @@ class MysqlStore(SqlSyncStore):
         return MysqlOperations()
 
     def _connect(self) -> Any:
-        return pymysql.connect(**self._args)
+        return connect(self._args, self._url)
 
     def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
         with conn.cursor() as cur:

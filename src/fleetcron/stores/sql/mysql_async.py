@@ -17,6 +17,7 @@ from fleetcron.stores.sql.mysql import (
     MysqlStore,
     batch_text,
     connect_args,
+    connect_timed_out,
     resendable,
     split_results,
     translate,
@@ -38,22 +39,20 @@ class AsyncMysqlStore(AsyncSqlStore):
         super().__init__(url, MysqlOperations())
         args = connect_args(url)
         args["db"] = args.pop("database")
-        # aiomysql has no read or write timeout: the whole connect (greeting included) and
-        # every round trip are bounded here instead.
+        # aiomysql has no read or write timeout, and its connect_timeout bounds only the TCP
+        # connect: the whole connect (greeting, authentication and set-up statements
+        # included) and every round trip are bounded here instead.
         self._timeout_s = args.pop("read_timeout")
-        self._connect_limit_s = args["connect_timeout"] + self._timeout_s
         args.pop("write_timeout")
         self._args = args
         self._rowcount = 0
 
     async def _connect(self) -> Any:
         try:
-            async with asyncio.timeout(self._connect_limit_s):
+            async with asyncio.timeout(self._url.connect_timeout_s):
                 return await aiomysql.connect(**self._args)
         except TimeoutError:
-            raise StoreUnavailable(
-                f"cannot connect to {self.url}: no answer in {self._connect_limit_s} s"
-            ) from None
+            raise connect_timed_out(self._url) from None
         except pymysql.err.MySQLError as exc:
             raise connect_error(self.url, translate(exc)) from exc
         except OSError as exc:
