@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -34,11 +33,11 @@ from fleetcron.models import (
     ClaimResult,
     DefinitionConflict,
     JobRecord,
-    RunNote,
     RunRecord,
     SlotClaim,
 )
 from fleetcron.schedules import AtSchedule, iso_utc
+from fleetcron.scheduling.claiming import RECORD_BATCH, record_missed, send_claims, sift
 from fleetcron.scheduling.definitions import Definitions
 from fleetcron.scheduling.handover import Handover
 from fleetcron.scheduling.heartbeat import (
@@ -46,7 +45,7 @@ from fleetcron.scheduling.heartbeat import (
     jobs_fingerprint,
     replica_info,
 )
-from fleetcron.scheduling.leadership import LEADER_LEASE, Elector
+from fleetcron.scheduling.leadership import LEADER_LEASE, Elector, follow_leader
 from fleetcron.scheduling.monitor import DEFAULT_MONITOR_S, Monitor
 from fleetcron.scheduling.options import SchedulerOptions
 from fleetcron.scheduling.outage import StoreOutage, first_of, wait_any
@@ -58,12 +57,12 @@ from fleetcron.scheduling.planning import (
     Plan,
     PlannedJob,
     claim_for,
-    deadline,
     plan_slots,
 )
 from fleetcron.scheduling.queues import QueueSpec, QueueWorkers
 from fleetcron.scheduling.recovery import RECOVERY_EVERY_S, Recovery
 from fleetcron.scheduling.registration import register
+from fleetcron.scheduling.reload import Reload
 from fleetcron.scheduling.replacement import ReplacedWatch
 from fleetcron.scheduling.store_clock import TOLERANCE_US as CLOCK_TOLERANCE_US
 from fleetcron.scheduling.store_clock import StoreClock
@@ -80,30 +79,7 @@ __all__ = [
     "StoreOutage",
 ]
 
-_RECORD_BATCH = 1000  # missed slots recorded per round trip
-_SIFT_AT_LEAST = 512  # waiting slots looked at per sift, whatever the room
 _COLLECT_LATER_US = 100_000  # slots other replicas own are collected at most this often
-
-
-@dataclass(frozen=True, slots=True)
-class _SlotFacts:
-    """What a pass needs of one slot of a job, worked out under one definition of the job
-    (``spec``) and one version of the ring."""
-
-    spec: JobSpec
-    slot_us: int
-    ring_version: int
-    shared: bool
-    deadline_us: int
-
-
-@dataclass(frozen=True, slots=True)
-class Reload:
-    """What :meth:`AsyncScheduler.reload` changed, by job name."""
-
-    added: tuple[str, ...]
-    changed: tuple[str, ...]
-    removed: tuple[str, ...]
 
 
 @dataclass
@@ -146,7 +122,7 @@ class AsyncScheduler:
         self.signals = _Signals()
         self._jobs: dict[str, PlannedJob] = {}
         self._pending: deque[SlotClaim] = deque()
-        self._due = DueHeap(delay=self._collect_delay)
+        self._due = DueHeap(delay=lambda job, slot: self.handover.collect_delay_us(job, slot))
         self._later_at_us = 0  # the next collection of slots other replicas own
         self._catching_up: set[tuple[str, int]] = set()
         self.store_clock = StoreClock(store, clock, metrics)
@@ -313,13 +289,7 @@ class AsyncScheduler:
         local = self.definitions.local
         async with self._reloading:
             # Under the lock: a second reload compares with what the first one applied.
-            change = Reload(
-                added=tuple(sorted(set(new) - set(self.specs))),
-                changed=tuple(
-                    sorted(n for n in new if n in self.specs and fingerprints[n] != local[n])
-                ),
-                removed=tuple(sorted(set(self.specs) - set(new))),
-            )
+            change = Reload.between(self.specs, local, fingerprints)
             for name in change.removed:
                 del self.specs[name]
                 self._jobs.pop(name, None)
@@ -346,18 +316,7 @@ class AsyncScheduler:
             self.handover.replace_ring(
                 Ring(self.handover.ring.me, self.heartbeat.info.jobs_fingerprint)
             )
-        log.warning(
-            "jobs reloaded: %d added, %d changed, %d removed",
-            len(change.added),
-            len(change.changed),
-            len(change.removed),
-            extra={
-                "action": "jobs_reloaded",
-                "added": ",".join(change.added),
-                "changed": ",".join(change.changed),
-                "removed": ",".join(change.removed),
-            },
-        )
+        change.log()
         return change
 
     # -- set-up --------------------------------------------------------------------------
@@ -406,7 +365,9 @@ class AsyncScheduler:
         while not self._stop.is_set():
             term = await self.elector.campaign()
             if term is None:
-                await self._follow()
+                await follow_leader(
+                    self.store, self.options.namespace, self._jobs, self.definitions
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.options.leader_ttl_us / 3e6)
                 continue
@@ -426,26 +387,6 @@ class AsyncScheduler:
                 if self.metrics is not None:
                     self.metrics.leader.set(0)
                 await self.elector.resign(term)
-
-    async def _follow(self) -> None:
-        """A standby keeps up with the leader's progress, so it takes over where the
-        leader stopped instead of walking every slot since it started."""
-        try:
-            rows = await self.store.run(self.ops.job_list(self.options.namespace))
-        except StoreError as exc:
-            log.warning(
-                "reading the leader's progress failed: %s",
-                exc,
-                extra={"action": "store_unavailable"},
-            )
-            return
-        for row in rows:
-            job = self._jobs.get(row.job)
-            if job is None:
-                continue
-            self.definitions.stored(row.job, row.fingerprint, row.now_us)
-            if row.high_water_us is not None:
-                job.cursor_us = max(job.cursor_us, row.high_water_us)
 
     # -- the loop --------------------------------------------------------------------------
     async def _loop(self, until: asyncio.Event) -> None:
@@ -523,7 +464,7 @@ class AsyncScheduler:
         random.shuffle(due)
         await self.handover.read_ring()
         try:
-            # Planned in groups of about _RECORD_BATCH missed slots: after a long outage a
+            # Planned in groups of about RECORD_BATCH missed slots: after a long outage a
             # group's plans, not every job's, are held at once, and each group's missed
             # slots are recorded in one round trip before its jobs move on.
             group: list[tuple[PlannedJob, Plan]] = []
@@ -532,7 +473,7 @@ class AsyncScheduler:
                 plan = plan_slots(job, now)
                 group.append((job, plan))
                 noted += min(len(plan.missed), _MISSED_RECORD_LIMIT)
-                if noted >= _RECORD_BATCH:
+                if noted >= RECORD_BATCH:
                     await self._take(group, now, later)
                     group, noted = [], 0
             await self._take(group, now, later)
@@ -557,12 +498,18 @@ class AsyncScheduler:
         """Record the missed slots of ``plans``, then queue their slots: this replica's to
         claim, another replica's to look at after its hand-over delay (at once for the
         ``later`` jobs, collected after that delay already)."""
-        await self._record_missed(plans)
+        await record_missed(
+            self.store,
+            self.options.namespace,
+            plans,
+            conflicts=self.definitions.conflicts,
+            metrics=self.metrics,
+        )
         for job, plan in plans:
             spec = job.spec
             local = self.definitions.local.get(spec.name)
             for slot in self._collect(job, plan):
-                shared, slot_deadline = self._slot_facts(job, slot)
+                shared, slot_deadline = self.handover.slot_facts(job, slot)
                 if shared:
                     ripe = spec.name in later
                     self.handover.wait_for_owner(spec.name, slot, slot_deadline, now, ripe=ripe)
@@ -582,32 +529,6 @@ class AsyncScheduler:
         """Whether the slot is one another replica owns (claim mode only)."""
         return self.handover.shared(job, slot_us)
 
-    def _slot_facts(self, job: PlannedJob, slot_us: int) -> tuple[bool, int]:
-        """Whether another replica owns the slot, and its deadline: worked out once per
-        slot, when the job went in the heap for it (:meth:`_collect_delay`), unless the
-        job's definition or the ring has changed since."""
-        spec, known, version = job.spec, job.next, self.handover.ring.version
-        if (
-            isinstance(known, _SlotFacts)
-            and known.spec is spec
-            and known.slot_us == slot_us
-            and known.ring_version == version
-        ):
-            return known.shared, known.deadline_us
-        shared = self._shared(spec.name, slot_us)
-        slot_deadline = deadline(spec, slot_us)
-        job.next = _SlotFacts(spec, slot_us, version, shared, slot_deadline)
-        return shared, slot_deadline
-
-    def _collect_delay(self, job: PlannedJob, slot_us: int) -> int:
-        """How long after its fire time a slot is collected: at once when this replica owns
-        it (or runs alone, or leads), else after its hand-over wait
-        (:meth:`Handover.delay_us <fleetcron.scheduling.handover.Handover.delay_us>`)."""
-        shared, slot_deadline = self._slot_facts(job, slot_us)
-        if not shared:
-            return 0
-        return Handover.delay_us(slot_deadline, slot_us)
-
     def _may_adopt(self) -> bool:
         """Whether this replica has room and none of its own slots waiting."""
         return not self._pending and len(self.supervisor.running) < self.options.concurrency
@@ -621,38 +542,6 @@ class AsyncScheduler:
         free, settled = await self.handover.adopt(now, self._jobs)
         self._catching_up -= settled
         self._pending.extend(free)
-
-    async def _record_missed(self, plans: Sequence[tuple[PlannedJob, Plan]]) -> None:
-        """Record ``missed`` the slots catch-up gives up, for every job of a pass together:
-        one round trip per :data:`_RECORD_BATCH` slots, not one per slot (a replica that
-        fell behind must not fall further behind recording it)."""
-        notes: list[RunNote] = []
-        counted: list[tuple[JobSpec, int]] = []
-        for job, plan in plans:
-            spec = job.spec
-            # A superseded definition's slots are not the job's: nothing is recorded for
-            # them (a row would keep the governing replica from a slot both schedules have).
-            if not plan.missed or spec.name in self.definitions.conflicts:
-                continue
-            why = f"missed (catchup = {spec.catchup})"
-            notes += (
-                RunNote(spec.name, slot, "missed", why, "schedule")
-                for slot in plan.missed[-_MISSED_RECORD_LIMIT:]
-            )
-            counted.append((spec, len(plan.missed)))
-        for start in range(0, len(notes), _RECORD_BATCH):
-            chunk = notes[start : start + _RECORD_BATCH]
-            await self.store.run(self.ops.run_record_many(self.options.namespace, chunk))
-        for spec, count in counted:
-            if self.metrics is not None:
-                self.metrics.missed(spec.name, count)
-            log.warning(
-                "%s: %d slot(s) missed (catchup = %s)",
-                spec.name,
-                count,
-                spec.catchup,
-                extra={"action": "slot_missed", "job": spec.name, "count": count},
-            )
 
     def _collect(self, job: PlannedJob, plan: Plan) -> list[int]:
         """The job's slots to claim by ``plan``, its cursor moved past them (called once
@@ -671,30 +560,13 @@ class AsyncScheduler:
             if not await self._claim_batch():
                 return
 
-    async def _sift(self, room: int) -> None:
-        """Drop waiting slots other replicas already have, learnt in one cheap read, so
-        that claims (which lock and write) go to slots still free."""
-        head = list(itertools.islice(self._pending, max(4 * room, _SIFT_AT_LEAST)))
-        # Fresh slots only (they carry a deadline): a retry or a recovered attempt has a
-        # row already, which run_settled counts, but it is still to be claimed.
-        asked = [(c.job, c.slot_us) for c in head if c.deadline_us is not None]
-        if not asked:
-            return
-        settled = await self.store.run(self.ops.run_settled(self.options.namespace, asked))
-        if not settled:
-            return
-        for _ in head:  # nothing else touches the queue while this tick awaits
-            self._pending.popleft()
-        self._pending.extendleft(reversed([c for c in head if (c.job, c.slot_us) not in settled]))
-        self._catching_up -= settled
-
     async def _claim_batch(self) -> bool:
         """Claim one batch; whether some slot turned out taken elsewhere."""
         room = self.options.concurrency - len(self.supervisor.running)
         if room <= 0 or not (self._pending or self.overlap.buffered):
             return False
         if self._contended and self._pending:
-            await self._sift(room)
+            await sift(self.store, self.options.namespace, self._pending, room, self._catching_up)
         # A job whose last run has ended but whose outcome is not recorded yet is still
         # running in the store: its next exclusive slot waits for that outcome (sent first,
         # then the run's end wakes the loop) instead of being refused and skipped.
@@ -720,25 +592,19 @@ class AsyncScheduler:
         self._pending.extendleft(reversed(waiting))
         await self.overlap.refuse_blocked(blocked, ABANDONED_REASON)
         ttl_by_job = {c.job: self.specs[c.job].lock_at_most_us for c in claims}
-        # One batch per lease length, usually one batch in all.
         answers: list[tuple[SlotClaim, ClaimResult]] = []
         sent = self.clock.monotonic_us()
         try:
-            for ttl in sorted(set(ttl_by_job.values())):
-                batch = [c for c in claims if ttl_by_job[c.job] == ttl]
-                # Each claim is sent with this replica's definition of its job: the store
-                # refuses it while the registered definition is another (conflict).
-                local = self.definitions.local
-                signed = [
-                    c if c.fingerprint == local[c.job] else replace(c, fingerprint=local[c.job])
-                    for c in batch
-                ]
-                results = await self.store.run(
-                    self.ops.run_claim(self.options.namespace, signed, self.holder, ttl)
-                )
-                answers += zip(batch, results, strict=True)
-                if self.metrics is not None:
-                    self.metrics.claimed(results)
+            await send_claims(
+                self.store,
+                self.options.namespace,
+                self.holder,
+                claims,
+                ttl_by_job=ttl_by_job,
+                fingerprints=self.definitions.local,
+                answers=answers,
+                metrics=self.metrics,
+            )
         finally:
             # Claims without an answer (the store failed) wait for the next tick. One
             # that did land before the failure answers "taken" then, and its attempt is

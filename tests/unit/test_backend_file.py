@@ -71,7 +71,7 @@ BAD_FILES: list[tuple[str, Callable[[Path], Path], str]] = [
     (
         "bad-url",
         lambda d: _file(d / "f", f"postgresql://postgres:{PASSWORD}@h:99999/x"),
-        "Port out of range",
+        "the port must be a number from 1 to 65535",
     ),
 ]
 

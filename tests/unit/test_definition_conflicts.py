@@ -24,6 +24,7 @@ from fleetcron.jobspec import JobSpec, job_spec
 from fleetcron.models import ClaimResult, RunRecord
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling import planning
+from fleetcron.scheduling.leadership import follow_leader
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from passes import until_signalled
 
@@ -257,13 +258,17 @@ async def test_a_standby_learns_of_a_conflict_from_the_job_rows_it_reads_anyway(
     job = spec("200ms")
     standby = replica(AsyncMemoryStore(store), job, mode="leader")
     await standby._register()
+
+    async def follow() -> None:
+        await follow_leader(standby.store, NS, standby._jobs, standby.definitions)
+
     with caplog.at_level(logging.INFO, logger="fleetcron"):
         register(store, "fp-of-a-newer-replica")
-        await standby._follow()
-        await standby._follow()
+        await follow()
+        await follow()
         conflict = standby.conflicts[JOB]
         register(store, job.fingerprint())
-        await standby._follow()
+        await follow()
 
     assert (conflict.local_fingerprint, conflict.other_fingerprint) == (
         job.fingerprint(),

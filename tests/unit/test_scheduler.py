@@ -27,7 +27,7 @@ from fleetcron.errors import ConfigurationError, StoreUnavailable
 from fleetcron.jobspec import JobSpec, job_spec
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions, StoreOutage
-from fleetcron.scheduling import planning
+from fleetcron.scheduling import claiming, planning
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from passes import until_signalled
@@ -443,17 +443,14 @@ async def test_sifting_drops_fresh_slots_others_have_and_keeps_retries_and_recov
     assert failed.run is not None
     outcome = RunOutcome(state="failed", retry_after_us=1)
     assert store.run(store.ops.run_finish(NS, "a", s2, failed.run.fence, outcome))
-    scheduler = AsyncScheduler(
-        AsyncMemoryStore(store), [spec("a", lambda ctx: None)], SchedulerOptions(namespace=NS)
-    )
     fresh_taken = _claim("a", s1, deadline_us=now + 60_000_000)
     retry = _claim("a", s2)  # a retry (no deadline): its failed row is still to be claimed
     fresh_free = _claim("a", s3, deadline_us=now + 60_000_000)
-    scheduler._pending.extend([fresh_taken, retry, fresh_free])
+    pending = collections.deque([fresh_taken, retry, fresh_free])
 
-    await scheduler._sift(16)
+    await claiming.sift(AsyncMemoryStore(store), NS, pending, 16, set())
 
-    assert list(scheduler._pending) == [retry, fresh_free]
+    assert list(pending) == [retry, fresh_free]
 
 
 async def test_a_store_error_while_collecting_keeps_every_due_job_in_the_heap() -> None:

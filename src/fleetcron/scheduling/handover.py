@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from fleetcron.clock import Clock
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import SlotClaim
 from fleetcron.scheduling.ownership import HANDOVER_US, Ring
-from fleetcron.scheduling.planning import PlannedJob, claim_for
+from fleetcron.scheduling.planning import PlannedJob, claim_for, deadline
 from fleetcron.stores.base import AsyncStore
 
 __all__ = ["ADOPT_BATCH", "Handover"]
@@ -30,6 +32,18 @@ ADOPT_BATCH = 2000
 """Other replicas' slots looked at per read."""
 _ADOPT_EVERY_US = (250_000, 1_000_000)  # how often others' waiting slots are looked at
 _RING_RESYNC_US = 1_000_000  # the ring is read again at most this often when it is stale
+
+
+@dataclass(frozen=True, slots=True)
+class _SlotFacts:
+    """What a pass needs of one slot of a job, worked out under one definition of the job
+    (``spec``) and one version of the ring."""
+
+    spec: JobSpec
+    slot_us: int
+    ring_version: int
+    shared: bool
+    deadline_us: int
 
 
 class Handover:
@@ -66,6 +80,30 @@ class Handover:
     def shared(self, job: str, slot_us: int) -> bool:
         """Whether the slot is one another replica owns (claim mode only)."""
         return self._claiming and not self.ring.owns(job, slot_us)
+
+    def slot_facts(self, job: PlannedJob, slot_us: int) -> tuple[bool, int]:
+        """Whether another replica owns the slot, and its deadline: worked out once per
+        slot, when the job went in the due heap for it (:meth:`collect_delay_us`), unless
+        the job's definition or the ring has changed since (kept in ``job.next``)."""
+        spec, known, version = job.spec, job.next, self.ring.version
+        if (
+            isinstance(known, _SlotFacts)
+            and known.spec is spec
+            and known.slot_us == slot_us
+            and known.ring_version == version
+        ):
+            return known.shared, known.deadline_us
+        shared = self.shared(spec.name, slot_us)
+        slot_deadline = deadline(spec, slot_us)
+        job.next = _SlotFacts(spec, slot_us, version, shared, slot_deadline)
+        return shared, slot_deadline
+
+    def collect_delay_us(self, job: PlannedJob, slot_us: int) -> int:
+        """How long after its fire time a slot is collected: at once when this replica
+        owns it (or runs alone, or leads), else after its hand-over wait
+        (:meth:`delay_us`)."""
+        shared, slot_deadline = self.slot_facts(job, slot_us)
+        return self.delay_us(slot_deadline, slot_us) if shared else 0
 
     @staticmethod
     def delay_us(deadline_us: int | None, slot_us: int) -> int:

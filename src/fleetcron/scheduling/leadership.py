@@ -17,6 +17,7 @@ Tests wait on :class:`ElectorSignals` instead of sleeping.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fleetcron._log import log
@@ -24,9 +25,11 @@ from fleetcron.clock import Clock
 from fleetcron.errors import FleetcronError, StoreError
 from fleetcron.lease import AsyncLease, LeaseTerms
 from fleetcron.models import LEADER_LEASE
+from fleetcron.scheduling.definitions import Definitions
+from fleetcron.scheduling.planning import PlannedJob
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["LEADER_LEASE", "Elector", "ElectorSignals"]
+__all__ = ["LEADER_LEASE", "Elector", "ElectorSignals", "follow_leader"]
 
 
 @dataclass
@@ -111,3 +114,29 @@ class Elector:
                 exc,
                 extra={"action": "lock_release_failed", "lock": LEADER_LEASE},
             )
+
+
+async def follow_leader(
+    store: AsyncStore,
+    namespace: str,
+    jobs: Mapping[str, PlannedJob],
+    definitions: Definitions,
+) -> None:
+    """A standby keeps up with the leader's progress (each job's high-water mark), so it
+    takes over where the leader stopped instead of walking every slot since it started."""
+    try:
+        rows = await store.run(store.ops.job_list(namespace))
+    except StoreError as exc:
+        log.warning(
+            "reading the leader's progress failed: %s",
+            exc,
+            extra={"action": "store_unavailable"},
+        )
+        return
+    for row in rows:
+        job = jobs.get(row.job)
+        if job is None:
+            continue
+        definitions.stored(row.job, row.fingerprint, row.now_us)
+        if row.high_water_us is not None:
+            job.cursor_us = max(job.cursor_us, row.high_water_us)
