@@ -108,7 +108,7 @@ def job_name(i: int) -> str:
 
 async def replica_main(args: argparse.Namespace) -> None:
     from fleetcron.durations import parse_duration
-    from fleetcron.jobspec import job_spec
+    from fleetcron.job_options import job_spec
     from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
     from fleetcron.stores import open_async_store, parse_store_url
 

@@ -164,7 +164,7 @@ def stop_event():
 """
 
 FLEETCRON = """\
-from fleetcron.jobspec import job_spec
+from fleetcron.job_options import job_spec
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores import open_async_store, parse_store_url
 

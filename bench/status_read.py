@@ -115,7 +115,7 @@ def _text(rng: random.Random, low: int, high: int) -> str:
 
 def build_namespace(jobs: int, runs: tuple[int, int], seed: int, now_us: int) -> dict[str, Any]:
     """The rows of the namespace: jobs, ledger, leases, replicas (plain tuples)."""
-    from fleetcron.jobspec import job_spec
+    from fleetcron.job_options import job_spec
 
     rng = random.Random(seed)
     job_rows: list[tuple[Any, ...]] = []

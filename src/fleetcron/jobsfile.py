@@ -89,7 +89,8 @@ from pathlib import Path
 from typing import Literal, NoReturn, get_args
 
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import JobBuilder, JobSpec, check_job_name, one_line, unique_jobs
+from fleetcron.job_options import JobBuilder, check_job_name
+from fleetcron.jobspec import JobSpec, one_line, unique_jobs
 from fleetcron.names import validate_namespace
 from fleetcron.scheduling.queues import QueueSpec, load_queue_specs
 

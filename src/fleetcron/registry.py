@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import JobSpec, job_spec
+from fleetcron.job_options import job_spec
+from fleetcron.jobspec import JobSpec
 
 __all__ = ["JobRegistry"]
 

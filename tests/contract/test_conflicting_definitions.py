@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from fleetcron.context import RunContext
-from fleetcron.jobspec import JobSpec, job_spec
+from fleetcron.job_options import job_spec
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import CLAIM_STATUSES, ClaimResult, RunRecord, SlotClaim, job_lease_name
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores import SyncStore, open_async_store, parse_store_url

@@ -21,7 +21,8 @@ import pytest
 from fleetcron import AsyncFleet, RunCancelled
 from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import JobSpec, job_spec
+from fleetcron.job_options import job_spec
+from fleetcron.jobspec import JobSpec
 from fleetcron.keepalive import (
     describe_failure,
     effective_grace_us,

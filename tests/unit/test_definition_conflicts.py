@@ -20,7 +20,8 @@ import pytest
 
 from fleetcron import Fleet
 from fleetcron.context import RunContext
-from fleetcron.jobspec import JobSpec, job_spec
+from fleetcron.job_options import job_spec
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import ClaimResult, RunRecord
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling import planning

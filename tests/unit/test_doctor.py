@@ -22,7 +22,8 @@ from fleetcron.doctor import (
     gather,
 )
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import JobSpec, job_spec
+from fleetcron.job_options import job_spec
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import ReplicaInfo, ReplicaRecord, RunOutcome, SlotClaim
 from fleetcron.schedules import AtSchedule, CronSchedule, EverySchedule, Schedule, iso_utc
 from fleetcron.stores.redis.doctor import RedisFacts

@@ -21,7 +21,7 @@ import pytest
 from fleetcron.cli.exec import ExecOptions, exec_job_spec, exec_options, run_exec_schedule
 from fleetcron.cli.main import build_parser
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import job_spec
+from fleetcron.job_options import job_spec
 from fleetcron.lease import new_holder
 from fleetcron.lock_terms import lease_terms
 from fleetcron.models import SlotClaim

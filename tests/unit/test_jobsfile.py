@@ -13,8 +13,9 @@ import pytest
 from fleetcron import Fleet, jobsfile
 from fleetcron.errors import ConfigurationError
 from fleetcron.health import assess
+from fleetcron.job_options import job_spec
 from fleetcron.jobsfile import JobsFile, load_jobs_file
-from fleetcron.jobspec import DEFAULTS, CallTarget, CommandTarget, job_spec, unique_jobs
+from fleetcron.jobspec import DEFAULTS, CallTarget, CommandTarget, unique_jobs
 from fleetcron.models import JobRecord, RunRecord
 from fleetcron.schedules import AtSchedule, CronSchedule, EverySchedule, from_datetime
 from fleetcron.testing import MemoryStore

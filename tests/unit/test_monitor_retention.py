@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import JobSpec, job_spec
+from fleetcron.job_options import job_spec
+from fleetcron.jobspec import JobSpec
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling.monitor import Monitor
 from fleetcron.scheduling.retention import Pruner

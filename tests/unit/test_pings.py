@@ -14,7 +14,7 @@ import pytest
 
 from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import job_spec
+from fleetcron.job_options import job_spec
 from fleetcron.models import RunOutcome
 from fleetcron.pings import (
     BODY_LIMIT,

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from fleetcron import reaper_process
-from fleetcron.jobspec import job_spec
+from fleetcron.job_options import job_spec
 from fleetcron.reaper import Reaper, reaper_argv
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore

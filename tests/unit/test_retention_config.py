@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from fleetcron.errors import ConfigurationError
+from fleetcron.job_options import job_spec
 from fleetcron.jobsfile import load_jobs_file
-from fleetcron.jobspec import DEFAULT_RETENTION, Retention, job_spec
+from fleetcron.jobspec import DEFAULT_RETENTION, Retention
 from fleetcron.models import JobRecord
 from fleetcron.schedules import from_datetime
 from fleetcron.scheduling.retention import manual_rule, registered_retention

@@ -24,7 +24,8 @@ from fleetcron import Fleet, keepalive, slot_lease
 from fleetcron.clock import SYSTEM_CLOCK
 from fleetcron.context import RunContext
 from fleetcron.errors import ConfigurationError, StoreUnavailable
-from fleetcron.jobspec import JobSpec, job_spec
+from fleetcron.job_options import job_spec
+from fleetcron.jobspec import JobSpec
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions, StoreOutage
 from fleetcron.scheduling import claiming, planning

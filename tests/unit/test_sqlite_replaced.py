@@ -16,7 +16,7 @@ import pytest
 from fleetcron import Fleet
 from fleetcron.bridge import ThreadedAsyncStore
 from fleetcron.errors import StoreReplaced
-from fleetcron.jobspec import job_spec
+from fleetcron.job_options import job_spec
 from fleetcron.models import LeaseRecord, SlotClaim
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores import open_store, parse_store_url

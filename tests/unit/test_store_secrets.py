@@ -12,7 +12,7 @@ import pytest
 from fleetcron.context import RunContext
 from fleetcron.environment import child_environment
 from fleetcron.executor import Cancellation, _OutputTail, execute
-from fleetcron.jobspec import job_spec
+from fleetcron.job_options import job_spec
 from fleetcron.models import RunOutcome
 from fleetcron.scrub import MASK, Scrubber, ScrubbingStream
 from fleetcron.stores.ledger import OUTPUT_LIMIT

@@ -29,8 +29,9 @@ from fleetcron.doctor import (
     missing_store,
 )
 from fleetcron.errors import ConfigurationError, StoreMissing
+from fleetcron.job_options import JobBuilder, check_job_name
 from fleetcron.jobsfile import _read_limited, _settings, load_jobs_file
-from fleetcron.jobspec import JobBuilder, JobSpec, check_job_name, unique_jobs
+from fleetcron.jobspec import JobSpec, unique_jobs
 from fleetcron.names import NAMESPACE_ENV, validate_namespace
 from fleetcron.stores import StoreURL, open_store, resolve_backend
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fleetcron.durations import to_micros
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import argv_problem
+from fleetcron.job_options import argv_problem
 from fleetcron.keepalive import effective_grace_us
 from fleetcron.names import validate_job_name
 from fleetcron.pings import check_ping_url

@@ -35,7 +35,8 @@ from fleetcron.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fleetcron.jobspec import MAX_COUNT, check_job_name
+from fleetcron.job_options import check_job_name
+from fleetcron.jobspec import MAX_COUNT
 from fleetcron.lock_terms import DEFAULT_LOCK_AT_MOST
 from fleetcron.models import LeaseRecord
 from fleetcron.names import resolve_namespace, validate_namespace

@@ -31,7 +31,8 @@ from typing import Any
 from fleetcron._log import log
 from fleetcron.durations import to_micros
 from fleetcron.errors import ConfigurationError, StoreError
-from fleetcron.jobspec import import_call, one_line
+from fleetcron.job_options import import_call
+from fleetcron.jobspec import one_line
 from fleetcron.names import validate_name
 from fleetcron.queue import MAX_BATCH, AsyncQueue, QueueSettings, wait_set
 from fleetcron.stores.base import AsyncStore

@@ -27,13 +27,8 @@ from typing import Any, TypeGuard, TypeVar
 from fleetcron._log import log
 from fleetcron.durations import DurationLike, format_duration, to_micros
 from fleetcron.errors import ConfigurationError
-from fleetcron.jobspec import (
-    DEFAULT_RETENTION,
-    MAX_COUNT,
-    JobSpec,
-    Retention,
-    check_job_name,
-)
+from fleetcron.job_options import check_job_name
+from fleetcron.jobspec import DEFAULT_RETENTION, MAX_COUNT, JobSpec, Retention
 from fleetcron.models import JobRecord, micros_to_datetime
 from fleetcron.stores.base import AsyncStore, Operation, Operations, SyncStore
 
