@@ -80,7 +80,8 @@ from fleetcron.models import (
 )
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.base import Operation, Operations
-from fleetcron.stores.memory import MemoryOperations, MemoryStore, _State
+from fleetcron.stores.memory import MemoryOperations, MemoryStore
+from fleetcron.stores.memory_state import State
 from fleetcron.stores.sql.postgres import PostgresStore, batch_transactions
 from fleetcron.stores.statements import Step
 from services import STORES, require_service
@@ -212,7 +213,7 @@ class Reference:
         self.clock.now_us = now_us
         return self.store.run(operation)
 
-    def snapshot(self) -> _State:
+    def snapshot(self) -> State:
         state = self.store._state
         return replace(
             state,
@@ -222,7 +223,7 @@ class Reference:
             replicas=dict(state.replicas),
         )
 
-    def restore(self, state: _State) -> None:
+    def restore(self, state: State) -> None:
         self.store._state = state
 
 
@@ -1105,7 +1106,7 @@ class ReleasesWithoutOwnerCheck(MemoryOperations):
     """A store whose release frees the lease whoever asks, with whatever fence."""
 
     def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
-        def step(state: _State, now: int) -> bool:
+        def step(state: State, now: int) -> bool:
             current = state.leases.get((namespace, name))
             if current is None or current.expires_us <= now:
                 return False
@@ -1124,7 +1125,7 @@ class FreesEarly(MemoryOperations):
     def lease_acquire(
         self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
     ) -> Operation[LeaseRecord | None]:
-        def step(state: _State, now: int) -> LeaseRecord | None:
+        def step(state: State, now: int) -> LeaseRecord | None:
             current = state.leases.get((namespace, name))
             if current is not None and current.expires_us > now + 10 * MINUTE:
                 return None
