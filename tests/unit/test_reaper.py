@@ -195,6 +195,8 @@ def test_a_run_its_supervisor_does_not_stop_gets_sigterm_then_sigkill_at_its_dea
     (termed,) = terms(run.beats)
     assert term <= termed < kill  # SIGTERM after its point (the lag), before the SIGKILL
     assert beats(run.beats)[-1] < kill + LATENCY_US
+    # The reaper logs the kill after sending it: the run can be seen dead first.
+    wait_for(lambda: "reaper_kill" in pipe.actions(), what="the kill to be logged")
     assert pipe.actions() == ["reaper_term", "reaper_kill"]
 
 
