@@ -158,12 +158,39 @@ def check_conninfo(url: StoreURL) -> None:
         )
 
 
-def _result(cur: Any) -> SqlResult:
-    # The result's field count, not ``cur.description``: that builds a column object per
-    # field, as much CPU as the rest of reading a one-row answer.
+# The column names of each query text's answers, read from the server's result the first
+# time the text is answered (again if its number of columns changes). Per result they
+# would cost as much CPU as the rest of reading a one-row answer (``cur.description``
+# builds a column object per field; even the names alone are a call per field). A text's
+# column names do not change: a function whose result changes gets a new versioned name,
+# and so a new text.
+_COLUMNS: dict[str, tuple[str, ...]] = {}
+
+
+def _columns(sql: str, result: Any) -> tuple[str, ...]:
+    names = _COLUMNS.get(sql)
+    if names is None or len(names) != result.nfields:
+        names = tuple(
+            (result.fname(index) or b"").decode("utf-8") for index in range(result.nfields)
+        )
+        _COLUMNS[sql] = names
+    return names
+
+
+def _result(cur: Any, sql: str) -> SqlResult:
+    # The result's field count, not ``cur.description`` (see _COLUMNS).
     result = cur.pgresult
-    rows = cur.fetchall() if result is not None and result.nfields else []
-    return SqlResult(rows=rows, rowcount=cur.rowcount)
+    if result is None or not result.nfields:
+        return SqlResult(rows=[], rowcount=cur.rowcount)
+    return SqlResult(rows=cur.fetchall(), rowcount=cur.rowcount, columns=_columns(sql, result))
+
+
+async def _result_async(cur: Any, sql: str) -> SqlResult:
+    result = cur.pgresult
+    if result is None or not result.nfields:
+        return SqlResult(rows=[], rowcount=cur.rowcount)
+    rows = list(await cur.fetchall())
+    return SqlResult(rows=rows, rowcount=cur.rowcount, columns=_columns(sql, result))
 
 
 # A batch runs in one pipeline: one round trip. Without a Sync the server would run the
@@ -418,7 +445,7 @@ class PostgresStore(SqlSyncStore):
                 if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
                     raise
                 time.sleep(retry_pause(attempt))
-        return _result(cur)
+        return _result(cur, sql)
 
     def _execute_batch(
         self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
@@ -436,7 +463,7 @@ class PostgresStore(SqlSyncStore):
                         for index in group:
                             cursors[index].execute(sql, batch[index])
                         side.execute(_COMMIT)
-                return [_result(cur) for cur in cursors]
+                return [_result(cur, sql) for cur in cursors]
             except _RETRYABLE:
                 _end_failed_transaction(conn)
                 # One transaction refused as a whole changed nothing: send it again. With
@@ -578,8 +605,7 @@ class AsyncPostgresStore(AsyncSqlStore):
                     if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
                         raise
                     await asyncio.sleep(retry_pause(attempt))
-            rows = await cur.fetchall() if cur.description is not None else []
-            return SqlResult(rows=list(rows), rowcount=cur.rowcount)
+            return await _result_async(cur, sql)
 
     async def _execute_batch(
         self, sql: str, batch: Sequence[Mapping[str, object]]
@@ -600,11 +626,7 @@ class AsyncPostgresStore(AsyncSqlStore):
                         for index in group:
                             await cursors[index].execute(sql, batch[index])
                         await side.execute(_COMMIT)
-                results = []
-                for cur in cursors:
-                    rows = await cur.fetchall() if cur.description is not None else []
-                    results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
-                return results
+                return [await _result_async(cur, sql) for cur in cursors]
 
             try:
                 return await self._bounded(conn, work, in_transaction=True)
