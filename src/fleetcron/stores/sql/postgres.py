@@ -27,13 +27,14 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.models import ClaimResult, RunFinish, RunRecord, SlotClaim
-from fleetcron.stores.base import Capability, Operation, SqlResult, connect_error, rows_to_runs
+from fleetcron.stores.base import Capability, Operation, SqlResult, connect_error
+from fleetcron.stores.rows import RUNS, position
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.operations import (
     SqlLedger,
     SqlOperations,
-    claim_answer,
+    claim_answers,
     claim_params,
     finish_params,
 )
@@ -250,17 +251,24 @@ def _calls(
 
 
 def _by_item(
-    count: int, calls: list[tuple[list[int], dict[str, object]]], results: Sequence[SqlResult]
-) -> list[tuple[Any, ...]]:
-    """The answer row of every item, in input order, from the rows of each call (their
-    first column: the item's position in the call, from 1)."""
+    count: int,
+    calls: list[tuple[list[int], dict[str, object]]],
+    results: Sequence[SqlResult],
+    record: str,
+) -> SqlResult:
+    """The answer rows of every item, in input order, from the rows of each call (their
+    column ``ord``: the item's position in the call, from 1), as one result."""
     rows: list[tuple[Any, ...] | None] = [None] * count
+    columns = results[0].columns if results else ()
     for (group, _), result in zip(calls, results, strict=True):
+        if not result.rows:
+            continue
+        at = position(result.columns, "ord", record)
         for row in result.rows:
-            rows[group[int(row[0]) - 1]] = tuple(row[1:])
+            rows[group[int(row[at]) - 1]] = row
     if any(row is None for row in rows):
         raise StoreError("the store answered a batch with fewer rows than it has items")
-    return rows  # type: ignore[return-value]
+    return SqlResult(rows=rows, rowcount=count, columns=columns)  # type: ignore[arg-type]
 
 
 class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
@@ -278,10 +286,8 @@ class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         results: list[SqlResult] = yield QueryBatch(
             "run_claim_many", tuple(params for _, params in calls)
         )
-        rows = _by_item(len(claims), calls, results)
-        return [
-            claim_answer(namespace, claim, row) for claim, row in zip(claims, rows, strict=True)
-        ]
+        answers = _by_item(len(claims), calls, results, "claim answer")
+        return claim_answers(namespace, claims, answers)
 
     def run_finish_many(
         self, namespace: str, finishes: Sequence[RunFinish]
@@ -293,7 +299,9 @@ class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         results: list[SqlResult] = yield QueryBatch(
             "run_finish_many", tuple(params for _, params in calls)
         )
-        return [bool(row[0]) for row in _by_item(len(finishes), calls, results)]
+        answers = _by_item(len(finishes), calls, results, "outcome answer")
+        at = position(answers.columns, "accepted", "outcome answer")
+        return [bool(row[at]) for row in answers.rows]
 
     def run_list_many(
         self, namespace: str, jobs: Sequence[str], limit: int
@@ -307,9 +315,11 @@ class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
             {"namespace": namespace, "jobs": json.dumps(list(jobs)), "limit": limit},
         )
         ledgers: list[list[tuple[Any, ...]]] = [[] for _ in jobs]
-        for row in result.rows:
-            ledgers[int(row[0]) - 1].append(row[1:])
-        return [rows_to_runs(namespace, rows) for rows in ledgers]
+        if result.rows:
+            at = position(result.columns, "ord", RUNS.record)
+            for row in result.rows:
+                ledgers[int(row[at]) - 1].append(row)
+        return [RUNS.decode(result.columns, rows, namespace) for rows in ledgers]
 
 
 def batch_transactions(batch: Sequence[Mapping[str, object]]) -> list[list[int]]:
