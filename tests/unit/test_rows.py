@@ -1,6 +1,7 @@
 """The decoders of store answers: every record is read from its columns by name, whatever
 their order or the other columns of the answer; a column missing or named twice is an
-error naming the record and the column."""
+error naming the record and the column; the Redis scripts' replies are read by the names
+their headers declare."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 
 from fleetcron.errors import SchemaError
+from fleetcron.stores.blocks import Block
+from fleetcron.stores.redis.scripts import REPLY_ROWS, _reply_rows
 from fleetcron.stores.rows import (
     ACQUIRED,
     CHECKPOINTS,
@@ -134,3 +137,40 @@ def test_the_positions_are_resolved_once_per_tuple_of_column_names() -> None:
     assert decoder.all(as_is) == [(7, 8)]
     assert len(decoder._readers) == 2
     assert decoder._readers[("a", "b")] is None, "the record's own columns: read as it is"
+
+
+# -- the Redis replies -----------------------------------------------------------------
+REPLIES: dict[str, RowDecoder[Any]] = {
+    "acquired": ACQUIRED,
+    "lease": LEASES,
+    "run": RUNS,
+    "job": JOBS,
+    "replica": REPLICAS,
+    "item": ITEMS,
+    "checkpoint": CHECKPOINTS,
+}
+
+
+def test_every_declared_reply_layout_holds_its_records_columns() -> None:
+    assert set(REPLY_ROWS) == {*REPLIES, "stats"}
+    for name, decoder in REPLIES.items():
+        assert set(decoder.columns) <= set(REPLY_ROWS[name]), name
+    assert set(STATS.columns) <= {"queue", *REPLY_ROWS["stats"]}
+
+
+def test_a_layout_is_read_from_a_scripts_header_over_several_comment_lines() -> None:
+    block = Block(
+        "x",
+        "-- returns a pair:\n-- row pair: {left,\n--            right}\nreturn {1, 2}",
+        (),
+    )
+
+    assert _reply_rows({"x": block}) == {"pair": ("left", "right")}
+
+
+def test_two_scripts_declaring_one_layout_differently_are_refused() -> None:
+    one = Block("one", "-- row pair: {left, right}", ())
+    other = Block("other", "-- row pair: {right, left}", ())
+
+    with pytest.raises(RuntimeError, match="declares row pair"):
+        _reply_rows({"one": one, "other": other})

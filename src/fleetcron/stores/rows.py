@@ -1,10 +1,14 @@
 """Records from the rows a store answers, each field read by the name of its column.
 
 One :class:`RowDecoder` per record type says which columns the record is made of and how
-(:data:`LEASES`, :data:`RUNS`, :data:`JOBS`, …). A SQL result carries its column names
-(``SqlResult.columns``, from the driver's result description), so a statement may return
-its columns in any order, and more columns than a record needs (a claim's status, a batch
-item's position).
+(:data:`LEASES`, :data:`RUNS`, :data:`JOBS`, …). Every backend's answers go through it:
+
+- a SQL result carries its column names (``SqlResult.columns``, from the driver's result
+  description), so a statement may return its columns in any order, and more columns than
+  a record needs (a claim's status, a batch item's position);
+- a Redis script returns a flat list whose layout its header declares once (``-- row
+  run: {job, slot_us, …}``, :data:`~fleetcron.stores.redis.scripts.REPLY_ROWS`), and the
+  reply is read with those names.
 
 A column is known by its name, or by the name behind an ``r_`` prefix: the PL/pgSQL
 functions name their result columns ``r_<column>``, since an output parameter may not
