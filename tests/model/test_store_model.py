@@ -81,7 +81,8 @@ from fleetcron.models import (
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.base import Operation, Operations
 from fleetcron.stores.memory import MemoryOperations, MemoryStore, _State
-from fleetcron.stores.sql.postgres import PostgresStore, batch_transactions
+from fleetcron.stores.sql.postgres import PostgresStore
+from fleetcron.stores.sql.postgres_operations import batch_transactions
 from fleetcron.stores.statements import Step
 from services import require_service
 
