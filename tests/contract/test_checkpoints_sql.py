@@ -287,8 +287,10 @@ def test_set_answers_from_the_row_never_from_the_count(result: SqlResult, answer
 
 def test_get_maps_the_row_and_decodes_binary_text() -> None:
     row = ('{"a":"é"}'.encode(), 7, 100, 120)
+    columns = ("value", "fence", "updated_us", "now_us")  # as checkpoint_get names them
     got = drive(
-        SqlCheckpoints().checkpoint_get("ns", "n"), lambda _: SqlResult(rows=[row], rowcount=1)
+        SqlCheckpoints().checkpoint_get("ns", "n"),
+        lambda _: SqlResult(rows=[row], rowcount=1, columns=columns),
     )
     assert got is not None
     assert (got.namespace, got.name, got.value, got.fence, got.updated_us, got.now_us) == (

@@ -19,12 +19,15 @@ from fleetcron.models import LeaseRecord, SlotClaim
 from fleetcron.stores.base import SqlResult, Statement, drive, drive_async
 from fleetcron.stores.redis.operations import RedisOperations, _namespace_pattern, lease_key
 from fleetcron.stores.redis.scripts import SCRIPTS
+from fleetcron.stores.rows import LEASES, RUNS
 from fleetcron.stores.sql.files import load_migrations, load_queries, split_statements
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
 from fleetcron.stores.statements import KeyScan, Query, QueryBatch, Script, fan_out
 from unit.fakes import FakeExecute
 
 DIALECTS = ("sqlite", "postgres", "mysql")
+# A canned result names its columns as the statement's text does.
+LEASE = LEASES.columns  # name, holder, fence, acquired_us, expires_us, min_until_us, now_us
 ROW = ("job", "host:1:abc", 7, 1_000, 2_000, 1_500, 1_200)
 RECORD = LeaseRecord(
     namespace="ns",
@@ -38,8 +41,15 @@ RECORD = LeaseRecord(
 )
 
 
-def rows(*found: tuple[Any, ...], rowcount: int | None = None) -> SqlResult:
-    return SqlResult(rows=list(found), rowcount=len(found) if rowcount is None else rowcount)
+def rows(
+    *found: tuple[Any, ...], columns: tuple[str, ...] = (), rowcount: int | None = None
+) -> SqlResult:
+    count = len(found) if rowcount is None else rowcount
+    return SqlResult(rows=list(found), rowcount=count, columns=columns)
+
+
+def leases(*found: tuple[Any, ...], rowcount: int | None = None) -> SqlResult:
+    return rows(*found, columns=LEASE, rowcount=rowcount)
 
 
 # -- SQL operations ----------------------------------------------------------------------
@@ -47,7 +57,8 @@ SQL = SqlOperations()
 
 
 def test_sql_acquire_is_one_statement_binding_every_lease_term() -> None:
-    execute = FakeExecute(rows((7, 1_000)))  # (fence, store now)
+    # The row of the PostgreSQL function: (r_fence, r_now_us), read without the prefix.
+    execute = FakeExecute(rows((7, 1_000), columns=("r_fence", "r_now_us")))
 
     record = drive(SQL.lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute)
 
@@ -74,14 +85,17 @@ MYSQL = SqlOperations(creates_rows=True)
 
 
 def test_mysql_acquire_is_refused_when_its_update_matched_nothing() -> None:
-    execute = FakeExecute(rows((7, 1_000), rowcount=0))  # the row another holder has
+    # The row another holder has.
+    execute = FakeExecute(rows((7, 1_000), columns=("fence", "now_us"), rowcount=0))
 
     assert drive(MYSQL.lease_acquire("ns", "job", "host:1:abc", 1, 0), execute) is None
     assert execute.names == ["lease_acquire"]
 
 
 def test_mysql_acquire_of_a_new_name_creates_the_row_then_acquires_once_more() -> None:
-    execute = FakeExecute(rows(rowcount=0), rows(rowcount=1), rows((7, 1_000), rowcount=1))
+    execute = FakeExecute(
+        rows(rowcount=0), rows(rowcount=1), rows((7, 1_000), columns=("fence", "now_us"))
+    )
 
     record = drive(MYSQL.lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute)
 
@@ -91,7 +105,7 @@ def test_mysql_acquire_of_a_new_name_creates_the_row_then_acquires_once_more() -
 
 
 def test_extend_is_refused_when_the_update_matched_nothing_even_if_a_row_came_back() -> None:
-    execute = FakeExecute(rows(ROW, rowcount=0))
+    execute = FakeExecute(leases(ROW, rowcount=0))
 
     assert drive(MYSQL.lease_extend("ns", "job", "host:1:abc", 7, 1), execute) is None
 
@@ -100,7 +114,7 @@ def test_sql_rows_from_binary_columns_and_numeric_types_map_to_text_and_int() ->
     # MySQL VARBINARY names come back as bytes; PostgreSQL numerics may be Decimal.
     raw = ("naïve ☃".encode(), b"host:1:abc", Decimal(7), Decimal(1_000), 2_000, 1_500, 1_200)
 
-    record = drive(SQL.lease_get("ns", "naïve ☃"), FakeExecute(rows(raw)))
+    record = drive(SQL.lease_get("ns", "naïve ☃"), FakeExecute(leases(raw)))
 
     assert record is not None
     assert (record.name, record.holder, record.fence) == ("naïve ☃", "host:1:abc", 7)
@@ -109,7 +123,7 @@ def test_sql_rows_from_binary_columns_and_numeric_types_map_to_text_and_int() ->
 
 
 def test_sql_extend_binds_holder_fence_and_length_and_maps_the_row() -> None:
-    execute = FakeExecute(rows(ROW))
+    execute = FakeExecute(leases(ROW))
 
     record = drive(SQL.lease_extend("ns", "job", "host:1:abc", 7, 9_000), execute)
 
@@ -145,7 +159,7 @@ def test_sql_release_reports_whether_a_row_was_ours(result: SqlResult, released:
 
 
 def test_sql_get_maps_the_row_or_none() -> None:
-    execute = FakeExecute(rows(ROW), rows())
+    execute = FakeExecute(leases(ROW), rows())
 
     assert drive(SQL.lease_get("ns", "job"), execute) == RECORD
     assert drive(SQL.lease_get("ns", "job"), execute) is None
@@ -154,7 +168,7 @@ def test_sql_get_maps_the_row_or_none() -> None:
 
 def test_sql_list_maps_every_row_in_the_order_the_store_sorted_them() -> None:
     second = ("k", "h2", 9, 1, 2, 1, 3)
-    execute = FakeExecute(rows(ROW, second), rows())
+    execute = FakeExecute(leases(ROW, second), rows())
 
     listed = drive(SQL.lease_list("ns"), execute)
 
@@ -171,7 +185,7 @@ def test_sql_list_maps_every_row_in_the_order_the_store_sorted_them() -> None:
 def test_sql_prune_uses_the_preview_for_a_dry_run_and_returns_sorted_names(
     dry_run: bool, statement: str
 ) -> None:
-    execute = FakeExecute(rows(("b",), (b"a",), ("c",)))
+    execute = FakeExecute(rows(("b",), (b"a",), ("c",), columns=("name",)))
 
     pruned = drive(SQL.lease_prune("ns", 60_000_000, dry_run), execute)
 
@@ -184,12 +198,14 @@ def test_sql_prune_uses_the_preview_for_a_dry_run_and_returns_sorted_names(
 def test_sql_claim_answers_each_slot_from_its_one_row_of_status_and_run_columns() -> None:
     claims = [SlotClaim(job=job, slot_us=1_000, run_id=f"r-{job}") for job in ("a", "b", "c")]
     run_row = (b"b", 1_000, "running", 1, 9, "h", "r-b", "schedule", 5, None, 6, None, 0)
-    nulls = (None,) * 17
+    nulls = (None,) * 18
+    # One row per claim: the status, the run's columns, the registered fingerprint.
+    columns = ("status", *RUNS.columns, "stored_fingerprint")
     execute = FakeExecute(
         [
-            rows(("busy", *nulls)),
-            rows((b"claimed", *run_row, None, None, None, 5)),
-            rows(("taken", *nulls)),
+            rows(("busy", *nulls), columns=columns),
+            rows((b"claimed", *run_row, None, None, None, 5, None), columns=columns),
+            rows(("taken", *nulls), columns=columns),
         ]
     )
 
@@ -208,7 +224,7 @@ def test_sql_claim_answers_each_slot_from_its_one_row_of_status_and_run_columns(
 
 
 def test_sql_backfill_is_one_query_of_the_slots_as_a_json_array_each_once_in_order() -> None:
-    execute = FakeExecute(rows((4,)))
+    execute = FakeExecute(rows((4,), columns=("count",)))
 
     assert drive(SqlLedger().run_backfill("ns", "job", [30, 10, 30, 20]), execute) == 4
     assert drive(SqlLedger().run_backfill("ns", "job", []), execute) == 0
@@ -468,22 +484,26 @@ def _due_row(job: str, slot: int) -> tuple[Any, ...]:
     )
 
 
+def runs(*found: tuple[Any, ...]) -> SqlResult:
+    return rows(*found, columns=RUNS.columns)
+
+
 def test_sql_run_due_names_the_jobs_only_when_a_full_page_holds_others() -> None:
     ledger = SqlLedger()
     # Not a full page: the namespace's rows, the others' dropped, no names sent.
-    execute = FakeExecute(rows(_due_row("mine", 1), _due_row("other", 2)))
+    execute = FakeExecute(runs(_due_row("mine", 1), _due_row("other", 2)))
     due = drive(ledger.run_due("ns", 3, ["mine"]), execute)
     assert [(r.job, r.slot_us) for r in due] == [("mine", 1)]
     assert execute.statements == [Query("run_due", {"namespace": "ns", "limit": 3, "jobs": None})]
     # A full page of our own rows: the answer as it is.
-    execute = FakeExecute(rows(_due_row("mine", 1), _due_row("mine", 2)))
+    execute = FakeExecute(runs(_due_row("mine", 1), _due_row("mine", 2)))
     due = drive(ledger.run_due("ns", 2, ["mine"]), execute)
     assert [(r.job, r.slot_us) for r in due] == [("mine", 1), ("mine", 2)]
     assert len(execute.statements) == 1
     # A full page holding others' rows may hide ours: asked again with the names.
     execute = FakeExecute(
-        rows(_due_row("other", 1), _due_row("mine", 2)),
-        rows(_due_row("mine", 2), _due_row("mine", 3)),
+        runs(_due_row("other", 1), _due_row("mine", 2)),
+        runs(_due_row("mine", 2), _due_row("mine", 3)),
     )
     due = drive(ledger.run_due("ns", 2, ["mine"]), execute)
     assert [(r.job, r.slot_us) for r in due] == [("mine", 2), ("mine", 3)]
@@ -492,5 +512,5 @@ def test_sql_run_due_names_the_jobs_only_when_a_full_page_holds_others() -> None
         "run_due", {"namespace": "ns", "limit": 2, "jobs": '["mine"]'}
     )
     # No jobs named: one query, every row.
-    execute = FakeExecute(rows(_due_row("other", 1)))
+    execute = FakeExecute(runs(_due_row("other", 1)))
     assert [r.job for r in drive(ledger.run_due("ns", 2, None), execute)] == ["other"]

@@ -28,7 +28,7 @@ from fleetcron.stores.redis.operations import (
     run_key,
     slots_key,
 )
-from fleetcron.stores.redis.scripts import SCRIPT_BLOCKS, SCRIPTS
+from fleetcron.stores.redis.scripts import REPLY_ROWS, SCRIPT_BLOCKS, SCRIPTS
 from fleetcron.stores.redis.store import RedisStore
 from fleetcron.stores.statements import KeyScan, Script, ScriptCalls, fan_out
 from unit.fakes import FakeExecute
@@ -49,29 +49,29 @@ def run_reply(
     cancel: int = 0,
     **fields: bytes | int | None,
 ) -> list[bytes | int | None]:
-    """A ``run_row`` reply as redis-py returns it: the SQL stores' column order, numbers
-    as integers, text as bytes, NULL as None."""
+    """A ``run_row`` reply as redis-py returns it: the layout ``-- row run`` declares
+    (scripts.lua), numbers as integers, text as bytes, NULL as None."""
     row: dict[str, bytes | int | None] = {
         "job": job.encode(),
-        "slot": slot,
+        "slot_us": slot,
         "state": state.encode(),
         "attempt": 1,
         "fence": 7000,
         "holder": b"host:1:abc",
         "run_id": b"run-1",
         "trigger": b"schedule",
-        "started": 7000,
-        "finished": None,
-        "expires": 9000,
-        "retry_at": None,
-        "cancel": cancel,
+        "started_us": 7000,
+        "finished_us": None,
+        "expires_us": 9000,
+        "retry_at_us": None,
+        "cancel_requested": cancel,
         "exit_code": None,
         "error": None,
         "output": None,
-        "now": 7000,
+        "now_us": 7000,
     }
     row.update(fields)
-    return list(row.values())
+    return [row[column] for column in REPLY_ROWS["run"]]
 
 
 RUNNING = RunRecord(
@@ -95,7 +95,23 @@ RUNNING = RunRecord(
     now_us=7_000,
 )
 
-JOB_REPLY = [b"backup", 0, b'{"cron": "@daily"}', b"fp", 1000, None, 800, 500, 7000]
+
+def job_reply(**fields: bytes | int | None) -> list[bytes | int | None]:
+    """A ``job_row`` reply in the layout ``-- row job`` declares (scripts.lua)."""
+    return [fields[column] for column in REPLY_ROWS["job"]]
+
+
+JOB_REPLY = job_reply(
+    job=b"backup",
+    paused=0,
+    definition=b'{"cron": "@daily"}',
+    fingerprint=b"fp",
+    high_water_us=1000,
+    last_success_us=None,
+    last_failure_us=800,
+    updated_us=500,
+    now_us=7000,
+)
 JOB_ROW = JobRecord(
     namespace=NS,
     job="backup",
@@ -256,8 +272,8 @@ def test_a_reclaimed_row_maps_its_note_and_every_optional_field() -> None:
         error=f"attempt 1 lost: {LOST_ERROR}".encode(),
         cancel=1,
         exit_code=-9,
-        retry_at=8000,
-        finished=7500,
+        retry_at_us=8000,
+        finished_us=7500,
         output="naïve ☃".encode(),
     )
     [answer] = drive(
@@ -441,7 +457,17 @@ def test_set_paused_reports_an_unknown_job(paused: bool, flag: int) -> None:
 
 
 def test_job_get_and_list() -> None:
-    paused = [b"alpha", b"1", b"{}", b"", None, None, None, b"1", b"2"]
+    paused = job_reply(
+        job=b"alpha",
+        paused=b"1",
+        definition=b"{}",
+        fingerprint=b"",
+        high_water_us=None,
+        last_success_us=None,
+        last_failure_us=None,
+        updated_us=b"1",
+        now_us=b"2",
+    )
     execute = FakeExecute(JOB_REPLY, None, [JOB, job_key(NS, "alpha")], [JOB_REPLY, paused])
 
     assert drive(REDIS.job_get(NS, "backup"), execute) == JOB_ROW

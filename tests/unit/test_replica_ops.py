@@ -16,6 +16,7 @@ from fleetcron.stores.redis.operations import (
     replica_key,
 )
 from fleetcron.stores.redis.scripts import SCRIPTS
+from fleetcron.stores.rows import REPLICAS
 from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.operations import SqlLedger
 from fleetcron.stores.sql.sqlite_operations import SqliteOperations
@@ -58,8 +59,13 @@ BEAT_PARAMS = {
 }
 
 
-def result(*rows: tuple[object, ...], rowcount: int | None = None) -> SqlResult:
-    return SqlResult(rows=list(rows), rowcount=len(rows) if rowcount is None else rowcount)
+def result(
+    *rows: tuple[object, ...],
+    columns: tuple[str, ...] = REPLICAS.columns,  # as the statements name them
+    rowcount: int | None = None,
+) -> SqlResult:
+    count = len(rows) if rowcount is None else rowcount
+    return SqlResult(rows=list(rows), rowcount=count, columns=columns)
 
 
 def test_a_sql_beat_is_one_statement_binding_every_field() -> None:
@@ -70,7 +76,7 @@ def test_a_sql_beat_is_one_statement_binding_every_field() -> None:
 
 
 def test_a_sqlite_beat_prunes_and_upserts_at_one_clock_reading_in_one_transaction() -> None:
-    execute = FakeExecute(result((777,)), result(), result(ROW))
+    execute = FakeExecute(result((777,), columns=("now_us",)), result(), result(ROW))
 
     assert drive(SqliteOperations().replica_beat("ns", INFO, 30, 60), execute) == RECORD
     assert execute.names == ["store_now", "replica_prune", "replica_put"]

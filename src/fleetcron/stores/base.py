@@ -26,7 +26,7 @@ Contract every backend keeps (``tests/contract`` is the executable specification
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from fleetcron.errors import FleetcronError, StoreError, StoreUnavailable
@@ -69,10 +69,6 @@ __all__ = [
     "connect_error",
     "drive",
     "drive_async",
-    "rows_to_jobs",
-    "rows_to_records",
-    "rows_to_replicas",
-    "rows_to_runs",
 ]
 
 T = TypeVar("T")
@@ -571,97 +567,6 @@ def conflict_answer(claim: SlotClaim, job: JobRecord | None, now: int) -> ClaimR
     return ClaimResult(
         job=claim.job, slot_us=claim.slot_us, status="conflict", stored_fingerprint=stored
     )
-
-
-def rows_to_records(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[LeaseRecord]:
-    """Map ``(name, holder, fence, acquired_us, expires_us, min_until_us, now_us)`` rows."""
-    return [
-        LeaseRecord(
-            namespace=namespace,
-            name=as_text(row[0]),
-            holder=as_text(row[1]),
-            fence=int(row[2]),
-            acquired_us=int(row[3]),
-            expires_us=int(row[4]),
-            min_until_us=int(row[5]),
-            now_us=int(row[6]),
-        )
-        for row in rows
-    ]
-
-
-def rows_to_runs(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[RunRecord]:
-    """Map ``(job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
-    finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output, now_us)``
-    rows."""
-    return [
-        RunRecord(
-            namespace=namespace,
-            job=as_text(row[0]),
-            slot_us=int(row[1]),
-            state=as_text(row[2]),
-            attempt=int(row[3]),
-            fence=int(row[4]),
-            holder=as_text(row[5]),
-            run_id=as_text(row[6]),
-            trigger=as_text(row[7]),
-            started_us=_int(row[8]),
-            finished_us=_int(row[9]),
-            expires_us=_int(row[10]),
-            retry_at_us=_int(row[11]),
-            cancel_requested=bool(row[12]),
-            exit_code=_int(row[13]),
-            error=None if row[14] is None else as_text(row[14]),
-            output=None if row[15] is None else as_text(row[15]),
-            now_us=int(row[16]),
-        )
-        for row in rows
-    ]
-
-
-def rows_to_jobs(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[JobRecord]:
-    """Map ``(job, paused, definition, fingerprint, high_water_us, last_success_us,
-    last_failure_us, updated_us, now_us)`` rows."""
-    return [
-        JobRecord(
-            namespace=namespace,
-            job=as_text(row[0]),
-            paused=bool(row[1]),
-            definition=as_text(row[2]),
-            fingerprint=as_text(row[3]),
-            high_water_us=_int(row[4]),
-            last_success_us=_int(row[5]),
-            last_failure_us=_int(row[6]),
-            updated_us=int(row[7]),
-            now_us=int(row[8]),
-        )
-        for row in rows
-    ]
-
-
-def rows_to_replicas(namespace: str, rows: Iterable[tuple[Any, ...]]) -> list[ReplicaRecord]:
-    """Map ``(replica_id, host, pid, version, mode, jobs_fingerprint, started_us,
-    last_seen_us, expires_us, now_us)`` rows."""
-    return [
-        ReplicaRecord(
-            namespace=namespace,
-            replica_id=as_text(row[0]),
-            host=as_text(row[1]),
-            pid=int(row[2]),
-            version=as_text(row[3]),
-            mode=as_text(row[4]),
-            jobs_fingerprint=as_text(row[5]),
-            started_us=int(row[6]),
-            last_seen_us=int(row[7]),
-            expires_us=int(row[8]),
-            now_us=int(row[9]),
-        )
-        for row in rows
-    ]
-
-
-def _int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[call-overload]
 
 
 def as_text(value: object) -> str:

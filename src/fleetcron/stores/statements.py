@@ -6,7 +6,7 @@ their answers. Each runner carries out the kinds its backend speaks and refuses 
 ==================  ===================  =================================================
 statement           runner               answer
 ==================  ===================  =================================================
-:class:`Query`      SQL (sync, async)    :class:`SqlResult`
+:class:`Query`      SQL (sync, async)    :class:`SqlResult` (rows and column names)
 :class:`QueryBatch` SQL (sync, async)    ``list[SqlResult]``, one per parameter set
 :class:`Script`     Redis                the script's reply
 :class:`ScriptCalls` Redis               ``list`` of replies, one per call, in order
@@ -95,10 +95,13 @@ Statement = Query | QueryBatch | Script | ScriptCalls | KeyScan | Step
 
 @dataclass(frozen=True, slots=True)
 class SqlResult:
-    """Rows returned by a statement (empty when it returns none) and rows it matched."""
+    """Rows returned by a statement (empty when it returns none), rows it matched, and the
+    names of the returned columns, in the rows' order (as the driver describes the
+    result). Records are read from the rows by those names (:mod:`fleetcron.stores.rows`)."""
 
     rows: list[tuple[Any, ...]]
     rowcount: int
+    columns: tuple[str, ...] = ()
 
 
 def fan_out(name: str, keys: Iterable[str], args: tuple[ScriptArg, ...] = ()) -> ScriptCalls:

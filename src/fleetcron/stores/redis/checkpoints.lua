@@ -8,7 +8,8 @@
 -- name: checkpoint_get
 -- uses: now
 -- KEYS[1] checkpoint hash; no ARGV
--- returns false when the checkpoint was never set, else {value, fence, updated_us, now_us}
+-- returns false when the checkpoint was never set, else the checkpoint:
+-- row checkpoint: {value, fence, updated_us, now_us}
 local cur = redis.call('HMGET', KEYS[1], 'value', 'fence', 'updated')
 -- `fence` decides existence, as in lease_get: an empty value ('') is a value
 if not cur[2] then return false end

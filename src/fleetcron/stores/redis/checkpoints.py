@@ -20,8 +20,9 @@ name) distinct, whatever the name holds (even ``}``).
 from __future__ import annotations
 
 from fleetcron.queue_models import CheckpointRecord
-from fleetcron.stores.base import Operation, as_text
+from fleetcron.stores.base import Operation
 from fleetcron.stores.redis.keys import lease_key
+from fleetcron.stores.redis.replies import checkpoint_of
 from fleetcron.stores.statements import Script
 
 __all__ = ["CHECKPOINT_PREFIX", "RedisCheckpoints", "checkpoint_key"]
@@ -43,17 +44,7 @@ class RedisCheckpoints:
 
     def checkpoint_get(self, namespace: str, name: str) -> Operation[CheckpointRecord | None]:
         reply = yield Script("checkpoint_get", (checkpoint_key(namespace, name),), ())
-        if not reply:
-            return None
-        value, fence, updated, now = reply
-        return CheckpointRecord(
-            namespace=namespace,
-            name=name,
-            value=as_text(value),
-            fence=int(fence),
-            updated_us=int(updated),
-            now_us=int(now),
-        )
+        return checkpoint_of(namespace, name, reply)
 
     def checkpoint_set(self, namespace: str, name: str, fence: int, value: str) -> Operation[bool]:
         reply = yield Script("checkpoint_set", (checkpoint_key(namespace, name),), (fence, value))

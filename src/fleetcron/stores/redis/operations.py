@@ -66,6 +66,7 @@ call's keys share one hash tag), all in the same pipeline; each call then has it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from fleetcron.models import (
@@ -82,21 +83,21 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import (
-    REPLICA_PRUNE_LIMIT,
-    Operation,
-    acquired_record,
-    as_text,
-    rows_to_jobs,
-    rows_to_records,
-    rows_to_replicas,
-    rows_to_runs,
-)
+from fleetcron.stores.base import REPLICA_PRUNE_LIMIT, Operation, as_text
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, backfill_slots, stored_text
 from fleetcron.stores.redis.checkpoints import RedisCheckpoints
 from fleetcron.stores.redis.keys import glob_escape as _glob_escape
 from fleetcron.stores.redis.keys import lease_key
 from fleetcron.stores.redis.queue import RedisQueue
+from fleetcron.stores.redis.replies import (
+    acquired_of,
+    job_of,
+    lease_of,
+    replica_of,
+    replicas_of,
+    run_of,
+    runs_of,
+)
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
 
 __all__ = [
@@ -172,11 +173,6 @@ def _is_lease_key(key: str) -> bool:
     return key.endswith("}")
 
 
-def _lease(namespace: str, reply: Any) -> LeaseRecord | None:
-    """A lease row reply (the column order of the SQL stores), or ``None``."""
-    return rows_to_records(namespace, [reply])[0] if reply else None
-
-
 def _opt(value: object) -> str:
     """An optional script argument: ``''`` is NULL, anything else is ``'=' + value``."""
     return "" if value is None else f"={value}"
@@ -215,16 +211,6 @@ def _record_call(namespace: str, note: RunNote) -> tuple[tuple[str, ...], tuple[
     return keys, (note.slot_us, note.state, _opt(note.error), note.trigger, note.job)
 
 
-def _run(namespace: str, reply: Any) -> RunRecord:
-    """A ``run_row`` reply, decoded like a SQL store's row."""
-    return rows_to_runs(namespace, [reply])[0]
-
-
-def _job(namespace: str, reply: Any) -> JobRecord:
-    """A ``job_row`` reply, decoded like a SQL store's row."""
-    return rows_to_jobs(namespace, [reply])[0]
-
-
 class _RedisLeases:
     """Lease operations as script invocations."""
 
@@ -236,16 +222,13 @@ class _RedisLeases:
             (lease_key(namespace, name),),
             (holder, ttl_us, least_us, namespace, name),
         )
-        if not reply:
-            return None
-        fence, now = int(reply[0]), int(reply[1])
-        return acquired_record(namespace, name, holder, fence, now, ttl_us, least_us)
+        return acquired_of(namespace, name, holder, ttl_us, least_us, reply)
 
     def lease_extend(
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
     ) -> Operation[LeaseRecord | None]:
         reply = yield Script("lease_extend", (lease_key(namespace, name),), (holder, fence, ttl_us))
-        return _lease(namespace, reply)
+        return lease_of(namespace, reply)
 
     def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
         reply = yield Script("lease_release", (lease_key(namespace, name),), (holder, fence))
@@ -253,13 +236,13 @@ class _RedisLeases:
 
     def lease_get(self, namespace: str, name: str) -> Operation[LeaseRecord | None]:
         reply = yield Script("lease_get", (lease_key(namespace, name),), ())
-        return _lease(namespace, reply)
+        return lease_of(namespace, reply)
 
     def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
         keys = yield KeyScan(_namespace_pattern(namespace))
         keys = [key for key in keys if _is_lease_key(key)]
         replies = yield fan_out("lease_get", tuple(keys), ())
-        records = [r for r in (_lease(namespace, reply) for reply in replies) if r]
+        records = [r for r in (lease_of(namespace, reply) for reply in replies) if r]
         return sorted(records, key=lambda record: record.name)
 
     def lease_prune(
@@ -321,7 +304,7 @@ class _RedisLedger:
                 status, _, fingerprint = as_text(reply).partition(":")
                 stored = fingerprint if status == "conflict" else None
             else:
-                run, status = _run(namespace, reply), "claimed"
+                run, status = run_of(namespace, reply), "claimed"
             answers.append(
                 ClaimResult(
                     job=claim.job,
@@ -352,7 +335,7 @@ class _RedisLedger:
             (lease_key(namespace, job_lease_name(job)), run_key(namespace, job, slot_us)),
             (fence, ttl_us),
         )
-        return _run(namespace, reply) if reply else None
+        return run_of(namespace, reply) if reply else None
 
     def run_finish(
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
@@ -412,17 +395,17 @@ class _RedisLedger:
 
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         reply = yield Script("run_get", (run_key(namespace, job, slot_us),), ())
-        return _run(namespace, reply) if reply else None
+        return run_of(namespace, reply) if reply else None
 
     def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
         if limit <= 0:
             return []
         if job is not None:
             reply = yield Script("run_list", (slots_key(namespace, job),), (limit,))
-            return [_run(namespace, row) for row in reply]
+            return runs_of(namespace, reply)
         keys = yield KeyScan(_slots_pattern(namespace))
         replies = yield fan_out("run_list", tuple(keys), (limit,))
-        rows = [_run(namespace, row) for reply in replies for row in reply]
+        rows = runs_of(namespace, chain.from_iterable(replies))
         rows.sort(key=lambda run: (-run.slot_us, run.job))
         return rows[:limit]
 
@@ -434,7 +417,7 @@ class _RedisLedger:
         # One call per job's slot index, all in one pipeline.
         keys = tuple(slots_key(namespace, job) for job in jobs)
         replies = yield fan_out("run_list", keys, (limit, int(output)))
-        return [[_run(namespace, row) for row in reply] for reply in replies]
+        return [runs_of(namespace, reply) for reply in replies]
 
     def run_running(
         self, namespace: str, jobs: Sequence[str], limit: int
@@ -446,7 +429,7 @@ class _RedisLedger:
         # running ones only.
         keys = tuple(slots_key(namespace, job) for job in sorted(jobs))
         replies = yield fan_out("run_running", keys, (limit,))
-        return [_run(namespace, row) for reply in replies for row in reply]
+        return runs_of(namespace, chain.from_iterable(replies))
 
     def run_due(
         self, namespace: str, limit: int, jobs: Sequence[str] | None = None
@@ -459,7 +442,7 @@ class _RedisLedger:
         else:  # the named jobs' slot indexes: no scan
             slot_keys = tuple(slots_key(namespace, job) for job in jobs)
         replies = yield fan_out("run_due", slot_keys, (limit,))
-        rows = [_run(namespace, row) for reply in replies for row in reply]
+        rows = runs_of(namespace, chain.from_iterable(replies))
         rows.sort(key=lambda run: (run.slot_us, run.job))
         return rows[:limit]
 
@@ -518,7 +501,7 @@ class _RedisLedger:
             for job, definition, fingerprint in jobs
         )
         replies = yield ScriptCalls("job_register", calls)
-        return [_job(namespace, reply) if reply else None for reply in replies]
+        return [job_of(namespace, reply) for reply in replies]
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
         reply = yield Script("job_set_paused", (job_key(namespace, job),), (1 if paused else 0,))
@@ -526,12 +509,12 @@ class _RedisLedger:
 
     def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
         reply = yield Script("job_get", (job_key(namespace, job),), ())
-        return _job(namespace, reply) if reply else None
+        return job_of(namespace, reply)
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
         keys = yield KeyScan(_jobs_pattern(namespace))
         replies = yield fan_out("job_get", tuple(keys), ())
-        jobs = [_job(namespace, reply) for reply in replies if reply]
+        jobs = [job for job in (job_of(namespace, reply) for reply in replies) if job]
         return sorted(jobs, key=lambda row: row.job)
 
     def job_namespaces(self) -> Operation[list[str]]:
@@ -566,14 +549,13 @@ class _RedisReplicas:
                 REPLICA_PRUNE_LIMIT,
             ),
         )
-        (record,) = rows_to_replicas(namespace, [reply])
-        return record
+        return replica_of(namespace, reply)
 
     def replica_list(
         self, namespace: str, gone_within_us: int = REPLICA_RETAIN_US
     ) -> Operation[list[ReplicaRecord]]:
         reply = yield Script("replica_list", (replica_index_key(namespace),), (gone_within_us,))
-        rows = rows_to_replicas(namespace, reply)
+        rows = replicas_of(namespace, reply)
         return sorted(rows, key=lambda row: row.replica_id)
 
     def replica_leave(self, namespace: str, replica_id: str) -> Operation[bool]:

@@ -5,8 +5,8 @@
 --   KEYS[1] ids, KEYS[2] seq, KEYS[3] ready, KEYS[4] claimed, KEYS[5] done, KEYS[6] dead,
 --   KEYS[7] dedupe.
 -- An item's hash is KEYS[1] with its final `ids` replaced by `item:<id>` (same hash tag).
--- Rows come back as `item_row` says, numbers as integers (exact below 2^53) and NULL as
--- false.
+-- Rows come back as their `-- row` declarations say (see scripts.lua), numbers as
+-- integers (exact below 2^53) and NULL as false.
 
 -- name: queue
 local IDS, SEQ, READY, CLAIMED, DONE, DEAD, DEDUPE =
@@ -24,8 +24,9 @@ local function opt(v)
   if v == '' then return nil end
   return string.sub(v, 2)
 end
--- an item row: item_id, dedupe_key, payload, state, attempts, max_attempts, fence, holder,
--- available_us, created_us, finished_us, error, now_us; false when absent
+-- an item row, false when absent:
+-- row item: {id, dedupe_key, payload, state, attempts, max_attempts, fence, holder,
+--            available_us, created_us, finished_us, error, now_us}
 local function item_row(id)
   local r = redis.call('HMGET', item_key(id), unpack(ITEM_FIELDS))
   if not r[3] then return false end
@@ -271,7 +272,8 @@ return rows
 -- returns false when the queue has no items, else how it stands at TIME: ready
 -- (claimable: ready and due, or a claim that expired), scheduled (ready, not yet due),
 -- claimed (held), done, dead, oldest_us (the earliest available_us of a claimable item;
--- false: none), now_us
+-- false: none), now_us:
+-- row stats: {ready, scheduled, claimed, done, dead, oldest_us, now_us}
 if redis.call('ZCARD', IDS) == 0 then return false end
 local t = s(now)
 local oldest = false

@@ -47,6 +47,7 @@ from typing import Any
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
 from fleetcron.stores.base import Operation, as_text
 from fleetcron.stores.redis.keys import glob_escape, lease_key
+from fleetcron.stores.redis.replies import items_of, stats_of
 from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
 
 __all__ = ["QUEUE_PREFIX", "RedisQueue", "item_key", "queue_keys"]
@@ -95,43 +96,6 @@ def _opt(value: str | None) -> str:
     return "" if value is None else "=" + value
 
 
-def _item(namespace: str, queue: str, row: Any) -> QueueItem:
-    """An ``item_row`` reply (queue.lua) as a record."""
-    return QueueItem(
-        namespace=namespace,
-        queue=queue,
-        item_id=int(row[0]),
-        dedupe_key=_maybe_text(row[1]),
-        payload=as_text(row[2]),
-        state=as_text(row[3]),
-        attempts=int(row[4]),
-        max_attempts=int(row[5]),
-        fence=int(row[6]),
-        holder=_maybe_text(row[7]),
-        available_us=int(row[8]),
-        created_us=int(row[9]),
-        finished_us=None if row[10] is None else int(row[10]),
-        error=_maybe_text(row[11]),
-        now_us=int(row[12]),
-    )
-
-
-def _stats(namespace: str, queue: str, reply: Any) -> QueueStats:
-    """A ``queue_stats`` reply (queue.lua) as a record."""
-    ready, scheduled, claimed, done, dead, oldest, now = reply
-    return QueueStats(
-        namespace=namespace,
-        queue=queue,
-        ready=int(ready),
-        scheduled=int(scheduled),
-        claimed=int(claimed),
-        done=int(done),
-        dead=int(dead),
-        oldest_us=None if oldest is None else int(oldest),
-        now_us=int(now),
-    )
-
-
 class RedisQueue:
     """The work queue's operations as script calls: one script on one queue's keys each,
     except ``queue_stats`` and ``queue_prune`` of a whole namespace (a SCAN, then one
@@ -159,7 +123,7 @@ class RedisQueue:
         reply = yield Script(
             "queue_claim", queue_keys(namespace, queue), (holder, limit, visibility_us)
         )
-        return [_item(namespace, queue, row) for row in reply]
+        return items_of(namespace, queue, reply)
 
     def queue_extend(
         self,
@@ -198,7 +162,7 @@ class RedisQueue:
 
     def queue_get(self, namespace: str, queue: str, item_id: int) -> Operation[QueueItem | None]:
         reply = yield Script("queue_get", queue_keys(namespace, queue), (item_id,))
-        return _item(namespace, queue, reply) if reply else None
+        return items_of(namespace, queue, [reply])[0] if reply else None
 
     def queue_list(
         self, namespace: str, queue: str, states: Sequence[str] | None, limit: int
@@ -207,12 +171,12 @@ class RedisQueue:
             return []
         args: tuple[ScriptArg, ...] = (limit, *(states or ()))
         reply = yield Script("queue_list", queue_keys(namespace, queue), args)
-        return [_item(namespace, queue, row) for row in reply]
+        return items_of(namespace, queue, reply)
 
     def queue_stats(self, namespace: str, queue: str | None) -> Operation[list[QueueStats]]:
         if queue is not None:
             reply = yield Script("queue_stats", queue_keys(namespace, queue), ())
-            return [_stats(namespace, queue, reply)] if reply else []
+            return [stats_of(namespace, queue, reply)] if reply else []
         names = yield from _queues(namespace)
         if not names:
             return []
@@ -220,7 +184,7 @@ class RedisQueue:
             "queue_stats", tuple((queue_keys(namespace, name), ()) for name in names)
         )
         return [
-            _stats(namespace, name, reply)
+            stats_of(namespace, name, reply)
             for name, reply in zip(names, replies, strict=True)
             if reply
         ]

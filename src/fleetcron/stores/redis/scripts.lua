@@ -2,9 +2,11 @@
 -- same loader as the SQL files. A block's `-- uses:` line names the blocks put before
 -- it: `now` (the server's TIME as `now`, in µs, and `s()` to format an integer) and
 -- `ledger` (row helpers of the run ledger). Every script documents its KEYS, its ARGV and
--- what it returns. Rows come back in the column order of the SQL stores, numbers as
--- integers (exact below 2^53) and NULL as false, so one decoder serves every backend
--- (fleetcron.stores.base.rows_to_records / rows_to_runs / rows_to_jobs).
+-- what it returns. A script that returns a row returns a flat list whose layout its header
+-- declares once, `-- row NAME: {column, …}`, with the column names of the SQL stores:
+-- fleetcron.stores.redis.scripts reads the declarations, and the reply is decoded by those
+-- names, by the decoder of the record that the SQL stores use (fleetcron.stores.rows).
+-- Numbers come back as integers (exact below 2^53) and NULL as false.
 
 -- name: now
 local t = redis.call('TIME')
@@ -22,17 +24,19 @@ local function int(v)
   if v then return tonumber(v) end
   return false
 end
--- a run row: job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
--- finished_us, expires_us, retry_at_us, cancel_requested (0/1), exit_code, error, output,
--- now_us; false when absent
+-- a run row (cancel_requested 0/1), false when absent:
+-- row run: {job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
+--           finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error,
+--           output, now_us}
 local function run_row(key)
   local r = redis.call('HMGET', key, unpack(RUN_FIELDS))
   if not r[3] then return false end
   return {r[1], int(r[2]), r[3], int(r[4]), int(r[5]), r[6], r[7], r[8], int(r[9]),
           int(r[10]), int(r[11]), int(r[12]), int(r[13]) or 0, int(r[14]), r[15], r[16], now}
 end
--- a job row: job, paused (0/1), definition, fingerprint, high_water_us, last_success_us,
--- last_failure_us, updated_us, now_us; false when absent
+-- a job row (paused 0/1), false when absent:
+-- row job: {job, paused, definition, fingerprint, high_water_us, last_success_us,
+--           last_failure_us, updated_us, now_us}
 local function job_row(key)
   local r = redis.call('HMGET', key, unpack(JOB_FIELDS))
   if not r[1] then return false end
@@ -65,8 +69,9 @@ end
 -- name: lease_acquire
 -- uses: now
 -- KEYS[1] lease hash; ARGV: holder, ttl_us, least_us, namespace, name
--- returns false when held at TIME, else {fence, now} as integers (exact below 2^53;
--- the caller derives expires = now + ttl and min_until = now + least)
+-- returns false when held at TIME, else the fence and TIME as integers (exact below 2^53;
+-- the caller derives expires = now + ttl and min_until = now + least):
+-- row acquired: {fence, now_us}
 local cur = redis.call('HMGET', KEYS[1], 'expires', 'fence')
 if cur[1] and tonumber(cur[1]) > now then return false end
 local fence = now
@@ -80,7 +85,8 @@ return {fence, now}
 -- uses: now
 -- KEYS[1] lease hash; ARGV: holder, fence, ttl_us
 -- returns false unless held by exactly (holder, fence), else the lease row after the
--- renewal: name, holder, fence, acquired_us, expires_us, min_until_us, now_us
+-- renewal:
+-- row lease: {name, holder, fence, acquired_us, expires_us, min_until_us, now_us}
 local cur = redis.call('HMGET', KEYS[1], 'holder', 'fence', 'expires', 'min_until', 'acquired',
                       'name')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= now then return false end
@@ -99,8 +105,8 @@ return 1
 
 -- name: lease_get
 -- uses: now
--- KEYS[1] lease hash; returns false when absent, else the lease row: name, holder,
--- fence, acquired_us, expires_us, min_until_us, now_us
+-- KEYS[1] lease hash; returns false when absent, else the lease row:
+-- row lease: {name, holder, fence, acquired_us, expires_us, min_until_us, now_us}
 local cur = redis.call('HMGET', KEYS[1],
                       'holder', 'fence', 'acquired', 'expires', 'min_until', 'name')
 if not cur[2] then return false end
@@ -503,8 +509,9 @@ return now
 --       prune_limit
 -- deletes up to prune_limit other replicas that expired more than retain_us ago, upserts
 -- this one (started kept while its hash exists; the hash expires by itself retain_us after
--- the row does) and returns its row: replica_id, host, pid, version, mode,
--- jobs_fingerprint, started_us, last_seen_us, expires_us, now_us
+-- the row does) and returns its row:
+-- row replica: {replica_id, host, pid, version, mode, jobs_fingerprint, started_us,
+--               last_seen_us, expires_us, now_us}
 local ttl, retain = tonumber(ARGV[7]), tonumber(ARGV[8])
 local base = string.sub(KEYS[1], 1, -7) .. ':replica:'
 local doomed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. s(now - retain),
@@ -530,8 +537,10 @@ return {ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], tonumber
 -- name: replica_list
 -- uses: now
 -- KEYS[1] the namespace's replica index; ARGV: gone_within_us
--- returns the rows (as replica_beat) with expires_us > now - gone_within_us: the live
--- replicas, and those gone within it
+-- returns the rows with expires_us > now - gone_within_us (the live replicas, and those
+-- gone within it), each as replica_beat's:
+-- row replica: {replica_id, host, pid, version, mode, jobs_fingerprint, started_us,
+--               last_seen_us, expires_us, now_us}
 local base = string.sub(KEYS[1], 1, -7) .. ':replica:'
 local rows = {}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. s(now - tonumber(ARGV[1])), '+inf')

@@ -12,7 +12,8 @@ answers.
 from __future__ import annotations
 
 from fleetcron.queue_models import CheckpointRecord
-from fleetcron.stores.base import Operation, SqlResult, as_text
+from fleetcron.stores.base import Operation, SqlResult
+from fleetcron.stores.rows import CHECKPOINTS
 from fleetcron.stores.statements import Query
 
 __all__ = ["SqlCheckpoints"]
@@ -23,18 +24,8 @@ class SqlCheckpoints:
 
     def checkpoint_get(self, namespace: str, name: str) -> Operation[CheckpointRecord | None]:
         result: SqlResult = yield Query("checkpoint_get", {"namespace": namespace, "name": name})
-        if not result.rows:
-            return None
         # (value, fence, updated_us, now_us); the key is what was asked for.
-        value, fence, updated_us, now_us = result.rows[0]
-        return CheckpointRecord(
-            namespace=namespace,
-            name=name,
-            value=as_text(value),
-            fence=int(fence),
-            updated_us=int(updated_us),
-            now_us=int(now_us),
-        )
+        return CHECKPOINTS.first(result, namespace, name)
 
     def checkpoint_set(self, namespace: str, name: str, fence: int, value: str) -> Operation[bool]:
         result: SqlResult = yield Query(

@@ -28,7 +28,7 @@ from fleetcron.stores.base import Capability, SqlResult
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
 from fleetcron.stores.sql.queue import SqlQueue
-from fleetcron.stores.sql.runner import SqlSyncStore, retry_pause, store_error
+from fleetcron.stores.sql.runner import SqlSyncStore, column_names, retry_pause, store_error
 from fleetcron.stores.sql.watchdog import deadline
 from fleetcron.stores.url import StoreURL
 
@@ -283,7 +283,9 @@ class MysqlStore(SqlSyncStore):
                     if attempt == RETRIES - 1 or not resendable(exc, sql):
                         raise
                     time.sleep(retry_pause(attempt))
-        return SqlResult(rows=sets[-1].rows if sets else [], rowcount=rowcount)
+        if not sets:
+            return SqlResult(rows=[], rowcount=rowcount)
+        return SqlResult(rows=sets[-1].rows, rowcount=rowcount, columns=sets[-1].columns)
 
     def _execute_batch(
         self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
@@ -322,7 +324,8 @@ class MysqlStore(SqlSyncStore):
 
 def _result_sets(conn: Any, cur: Any, text: str) -> tuple[list[SqlResult], int]:
     """Run a (multi-statement) text in one round trip: every result set that has columns, in
-    order, each with the matched count of the statement before it, and the last DML's count.
+    order, each with its column names and the matched count of the statement before it,
+    and the last DML's count.
     On an error the transaction a block opened is rolled back, never left for a commit."""
     sets: list[SqlResult] = []
     rowcount = 0
@@ -330,7 +333,8 @@ def _result_sets(conn: Any, cur: Any, text: str) -> tuple[list[SqlResult], int]:
         cur.execute(text)
         while True:
             if cur.description is not None:
-                sets.append(SqlResult(rows=list(cur.fetchall()), rowcount=rowcount))
+                rows = list(cur.fetchall())
+                sets.append(SqlResult(rows, rowcount, column_names(cur.description)))
             else:
                 rowcount = cur.rowcount
             if not cur.nextset():

@@ -22,7 +22,7 @@ from fleetcron.stores.sql.mysql import (
     split_results,
     translate,
 )
-from fleetcron.stores.sql.runner import AsyncSqlStore, retry_pause, timed_out
+from fleetcron.stores.sql.runner import AsyncSqlStore, column_names, retry_pause, timed_out
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncMysqlStore"]
@@ -74,9 +74,10 @@ class AsyncMysqlStore(AsyncSqlStore):
         return split_results(await self._results(text, {}), len(batch))
 
     async def _results(self, sql: str, params: dict[str, object]) -> list[SqlResult]:
-        """Run one text; every result set that has columns (with the rowcount of the last
-        DML before it), in order. ``_rowcount``: the last DML's. A block that is one
-        transaction, refused by a deadlock, is sent again (:func:`resendable`)."""
+        """Run one text; every result set that has columns (with their names and the
+        rowcount of the last DML before it), in order. ``_rowcount``: the last DML's. A
+        block that is one transaction, refused by a deadlock, is sent again
+        (:func:`resendable`)."""
         attempt = 0
         while True:
             try:
@@ -96,9 +97,8 @@ class AsyncMysqlStore(AsyncSqlStore):
                 await cur.execute(sql, params or None)
                 while True:
                     if cur.description is not None:
-                        results.append(
-                            SqlResult(rows=list(await cur.fetchall()), rowcount=rowcount)
-                        )
+                        rows = list(await cur.fetchall())
+                        results.append(SqlResult(rows, rowcount, column_names(cur.description)))
                     else:
                         rowcount = cur.rowcount
                     if not await cur.nextset():

@@ -9,7 +9,8 @@ operation.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from fleetcron.models import (
     REPLICA_RETAIN_US,
@@ -25,17 +26,7 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import (
-    REPLICA_PRUNE_LIMIT,
-    Operation,
-    SqlResult,
-    acquired_record,
-    as_text,
-    rows_to_jobs,
-    rows_to_records,
-    rows_to_replicas,
-    rows_to_runs,
-)
+from fleetcron.stores.base import REPLICA_PRUNE_LIMIT, Operation, SqlResult, as_text
 from fleetcron.stores.ledger import (
     LOST_ERROR,
     MISSED_ERROR,
@@ -43,12 +34,14 @@ from fleetcron.stores.ledger import (
     backfill_slots,
     stored_text,
 )
+from fleetcron.stores.rows import ACQUIRED, JOBS, LEASES, REPLICAS, RUNS, RowDecoder
 from fleetcron.stores.statements import Query, QueryBatch
 
 __all__ = [
     "SqlLedger",
     "SqlOperations",
     "backfill_params",
+    "claim_answers",
     "claim_params",
     "finish_params",
     "prune_job_params",
@@ -83,12 +76,11 @@ class SqlOperations:
             yield Query("lease_create", {"namespace": namespace, "name": name})
             result = yield Query("lease_acquire", params)
         # Taken only if the statement changed the row (MySQL reads the row back whoever
-        # holds it; a matched count of 0 means it was held). The row is (fence, store now);
+        # holds it; a matched count of 0 means it was held). The row is (fence, now_us);
         # the rest follows from the terms, so nothing more crosses the wire.
-        if not result.rows or result.rowcount == 0:
+        if result.rowcount == 0:
             return None
-        fence, now = (int(value) for value in result.rows[0][:2])
-        return acquired_record(namespace, name, holder, fence, now, ttl_us, least_us)
+        return ACQUIRED.first(result, namespace, name, holder, ttl_us, least_us)
 
     def lease_extend(
         self, namespace: str, name: str, holder: str, fence: int, ttl_us: int
@@ -103,11 +95,10 @@ class SqlOperations:
                 "ttl_us": ttl_us,
             },
         )
-        records = rows_to_records(namespace, result.rows)
         # MySQL's SELECT finds the row even when the UPDATE matched nothing: its matched
         # count (0) decides. PostgreSQL and SQLite return rows only for a match (SQLite may
         # report -1, "unknown", for a statement that starts with WITH).
-        return records[0] if records and result.rowcount != 0 else None
+        return LEASES.first(result, namespace) if result.rowcount != 0 else None
 
     def lease_release(self, namespace: str, name: str, holder: str, fence: int) -> Operation[bool]:
         result: SqlResult = yield Query(
@@ -118,12 +109,11 @@ class SqlOperations:
 
     def lease_get(self, namespace: str, name: str) -> Operation[LeaseRecord | None]:
         result: SqlResult = yield Query("lease_get", {"namespace": namespace, "name": name})
-        records = rows_to_records(namespace, result.rows)
-        return records[0] if records else None
+        return LEASES.first(result, namespace)
 
     def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
         result: SqlResult = yield Query("lease_list", {"namespace": namespace})
-        return rows_to_records(namespace, result.rows)
+        return LEASES.all(result, namespace)
 
     def lease_prune(
         self, namespace: str, older_than_us: int, dry_run: bool
@@ -157,15 +147,46 @@ def claim_params(namespace: str, claim: SlotClaim, holder: str, ttl_us: int) -> 
     }
 
 
-def claim_answer(namespace: str, claim: SlotClaim, row: Sequence[object]) -> ClaimResult:
-    """The answer to ``claim`` from its row: (status, 17 run columns… or NULLs, the
-    registered fingerprint when the status is conflict)."""
-    status = as_text(row[0])
-    run = rows_to_runs(namespace, [tuple(row[1:])])[0] if status == "claimed" else None
-    stored = as_text(row[18]) if status == "conflict" else None
-    return ClaimResult(
-        job=claim.job, slot_us=claim.slot_us, status=status, run=run, stored_fingerprint=stored
-    )
+def _verdicts(values: Iterable[Sequence[Any]]) -> list[tuple[str, str | None]]:
+    verdicts: list[tuple[str, str | None]] = []
+    for status, stored in values:
+        text = as_text(status)
+        verdicts.append((text, as_text(stored) if text == "conflict" else None))
+    return verdicts
+
+
+_VERDICTS = RowDecoder("claim answer", ("status", "stored_fingerprint"), _verdicts)
+"""A claim's status, and the registered fingerprint when it is a conflict."""
+
+
+def claim_answers(
+    namespace: str, claims: Sequence[SlotClaim], result: SqlResult
+) -> list[ClaimResult]:
+    """The answer to each of ``claims`` from the row of ``result`` in the same place: its
+    ``status``, the run columns (NULL unless claimed) and the ``stored_fingerprint``
+    (NULL unless a conflict)."""
+    answers: list[ClaimResult] = []
+    verdicts = _VERDICTS.all(result)
+    for claim, row, (status, stored) in zip(claims, result.rows, verdicts, strict=True):
+        run = RUNS.one(result.columns, row, namespace) if status == "claimed" else None
+        answers.append(
+            ClaimResult(
+                job=claim.job,
+                slot_us=claim.slot_us,
+                status=status,
+                run=run,
+                stored_fingerprint=stored,
+            )
+        )
+    return answers
+
+
+def _settled(values: Iterable[Sequence[Any]]) -> list[tuple[str, int]]:
+    return [(as_text(job), int(slot_us)) for job, slot_us in values]
+
+
+_SETTLED = RowDecoder("settled slot", ("job", "slot_us"), _settled)
+"""The ``(job, slot_us)`` of a slot that has a row other than queued."""
 
 
 def _note_params(namespace: str, note: RunNote) -> dict[str, object]:
@@ -247,9 +268,9 @@ class SqlLedger:
     single named query (a function call or one statement on PostgreSQL, a multi-statement
     transaction on MySQL).
 
-    Row shapes: runs as :func:`~fleetcron.stores.base.rows_to_runs`, jobs as
-    :func:`~fleetcron.stores.base.rows_to_jobs`, replicas as
-    :func:`~fleetcron.stores.base.rows_to_replicas`.
+    Rows are read by column name: runs with :data:`~fleetcron.stores.rows.RUNS`, jobs with
+    :data:`~fleetcron.stores.rows.JOBS`, replicas with
+    :data:`~fleetcron.stores.rows.REPLICAS`.
     """
 
     def store_now(self) -> Operation[int]:
@@ -265,8 +286,7 @@ class SqlLedger:
         results: list[SqlResult] = yield QueryBatch("run_claim", batch)
         answers: list[ClaimResult] = []
         for claim, result in zip(claims, results, strict=True):
-            (row,) = result.rows
-            answers.append(claim_answer(namespace, claim, row))
+            answers += claim_answers(namespace, [claim], result)  # its one row
         return answers
 
     def run_extend(
@@ -283,8 +303,7 @@ class SqlLedger:
                 "ttl_us": ttl_us,
             },
         )
-        runs = rows_to_runs(namespace, result.rows)
-        return runs[0] if runs else None
+        return RUNS.first(result, namespace)
 
     def run_finish(
         self, namespace: str, job: str, slot_us: int, fence: int, outcome: RunOutcome
@@ -345,12 +364,12 @@ class SqlLedger:
             # then the names go with the query.
             result: SqlResult = yield Query("run_due", asked)
             wanted = set(jobs)
-            runs = rows_to_runs(namespace, result.rows)
+            runs = RUNS.all(result, namespace)
             if len(runs) < limit or all(run.job in wanted for run in runs):
                 return [run for run in runs if run.job in wanted]
             asked = {**asked, "jobs": json.dumps(list(jobs))}
         result = yield Query("run_due", asked)
-        return rows_to_runs(namespace, result.rows)
+        return RUNS.all(result, namespace)
 
     def run_settled(
         self, namespace: str, slots: Sequence[tuple[str, int]]
@@ -360,14 +379,13 @@ class SqlLedger:
         # One JSON array of [job, slot_us] pairs: every dialect unpacks it server-side.
         pairs = json.dumps([[job, slot] for job, slot in slots])
         result: SqlResult = yield Query("run_settled", {"namespace": namespace, "pairs": pairs})
-        return {(as_text(row[0]), int(row[1])) for row in result.rows}
+        return set(_SETTLED.all(result))
 
     def run_get(self, namespace: str, job: str, slot_us: int) -> Operation[RunRecord | None]:
         result: SqlResult = yield Query(
             "run_get", {"namespace": namespace, "job": job, "slot_us": slot_us}
         )
-        runs = rows_to_runs(namespace, result.rows)
-        return runs[0] if runs else None
+        return RUNS.first(result, namespace)
 
     def run_list(self, namespace: str, job: str | None, limit: int) -> Operation[list[RunRecord]]:
         if job is None:
@@ -377,7 +395,7 @@ class SqlLedger:
                 "run_list_job",
                 {"namespace": namespace, "job": job, "limit": limit, "output": True},
             )
-        return rows_to_runs(namespace, result.rows)
+        return RUNS.all(result, namespace)
 
     def run_list_many(
         self, namespace: str, jobs: Sequence[str], limit: int, *, output: bool = True
@@ -388,7 +406,7 @@ class SqlLedger:
             {"namespace": namespace, "job": job, "limit": limit, "output": output} for job in jobs
         )
         results: list[SqlResult] = yield QueryBatch("run_list_job", batch)
-        return [rows_to_runs(namespace, result.rows) for result in results]
+        return [RUNS.all(result, namespace) for result in results]
 
     def run_running(
         self, namespace: str, jobs: Sequence[str], limit: int
@@ -399,7 +417,8 @@ class SqlLedger:
         # rows back): the others' are dropped here.
         result: SqlResult = yield Query("run_running", {"namespace": namespace, "skip": limit - 1})
         wanted = set(jobs)
-        return [run for run in rows_to_runs(namespace, result.rows) if run.job in wanted]
+        runs = RUNS.decode(result.columns, result.rows, namespace)
+        return [run for run in runs if run.job in wanted]
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
         result: SqlResult = yield Query(
@@ -453,11 +472,7 @@ class SqlLedger:
             for job, definition, fp in jobs
         )
         results: list[SqlResult] = yield QueryBatch("job_register", batch)
-        befores: list[JobRecord | None] = []
-        for result in results:
-            rows = rows_to_jobs(namespace, result.rows)
-            befores.append(rows[0] if rows else None)
-        return befores
+        return [JOBS.first(result, namespace) for result in results]
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
         result: SqlResult = yield Query(
@@ -467,12 +482,11 @@ class SqlLedger:
 
     def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
         result: SqlResult = yield Query("job_get", {"namespace": namespace, "job": job})
-        jobs = rows_to_jobs(namespace, result.rows)
-        return jobs[0] if jobs else None
+        return JOBS.first(result, namespace)
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
         result: SqlResult = yield Query("job_list", {"namespace": namespace})
-        return rows_to_jobs(namespace, result.rows)
+        return JOBS.all(result, namespace)
 
     def job_namespaces(self) -> Operation[list[str]]:
         result: SqlResult = yield Query("job_namespaces", {})
@@ -489,7 +503,7 @@ class SqlLedger:
         result: SqlResult = yield Query(
             "replica_beat", replica_params(namespace, replica, ttl_us, retain_us)
         )
-        (record,) = rows_to_replicas(namespace, result.rows)
+        (record,) = REPLICAS.all(result, namespace)
         return record
 
     def replica_list(
@@ -498,7 +512,7 @@ class SqlLedger:
         result: SqlResult = yield Query(
             "replica_list", {"namespace": namespace, "gone_within_us": gone_within_us}
         )
-        return rows_to_replicas(namespace, result.rows)
+        return REPLICAS.all(result, namespace)
 
     def replica_leave(self, namespace: str, replica_id: str) -> Operation[bool]:
         result: SqlResult = yield Query(

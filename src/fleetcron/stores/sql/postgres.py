@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import math
 import re
 import time
@@ -26,18 +25,9 @@ from fleetcron.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fleetcron.models import ClaimResult, RunFinish, RunRecord, SlotClaim
-from fleetcron.stores.base import Capability, Operation, SqlResult, connect_error, rows_to_runs
-from fleetcron.stores.sql.checkpoints import SqlCheckpoints
+from fleetcron.stores.base import Capability, SqlResult, connect_error
 from fleetcron.stores.sql.files import load_queries
-from fleetcron.stores.sql.operations import (
-    SqlLedger,
-    SqlOperations,
-    claim_answer,
-    claim_params,
-    finish_params,
-)
-from fleetcron.stores.sql.queue import SqlQueue
+from fleetcron.stores.sql.postgres_operations import PostgresOperations, batch_transactions
 from fleetcron.stores.sql.runner import (
     AsyncSqlStore,
     SqlSyncStore,
@@ -46,7 +36,6 @@ from fleetcron.stores.sql.runner import (
     timed_out,
 )
 from fleetcron.stores.sql.watchdog import Deadline, deadline
-from fleetcron.stores.statements import Query, QueryBatch
 from fleetcron.stores.url import StoreURL
 
 if TYPE_CHECKING:
@@ -168,12 +157,39 @@ def check_conninfo(url: StoreURL) -> None:
         )
 
 
-def _result(cur: Any) -> SqlResult:
-    # The result's field count, not ``cur.description``: that builds a column object per
-    # field, as much CPU as the rest of reading a one-row answer.
+# The column names of each query text's answers, read from the server's result the first
+# time the text is answered (again if its number of columns changes). Per result they
+# would cost as much CPU as the rest of reading a one-row answer (``cur.description``
+# builds a column object per field; even the names alone are a call per field). A text's
+# column names do not change: a function whose result changes gets a new versioned name,
+# and so a new text.
+_COLUMNS: dict[str, tuple[str, ...]] = {}
+
+
+def _columns(sql: str, result: Any) -> tuple[str, ...]:
+    names = _COLUMNS.get(sql)
+    if names is None or len(names) != result.nfields:
+        names = tuple(
+            (result.fname(index) or b"").decode("utf-8") for index in range(result.nfields)
+        )
+        _COLUMNS[sql] = names
+    return names
+
+
+def _result(cur: Any, sql: str) -> SqlResult:
+    # The result's field count, not ``cur.description`` (see _COLUMNS).
     result = cur.pgresult
-    rows = cur.fetchall() if result is not None and result.nfields else []
-    return SqlResult(rows=rows, rowcount=cur.rowcount)
+    if result is None or not result.nfields:
+        return SqlResult(rows=[], rowcount=cur.rowcount)
+    return SqlResult(rows=cur.fetchall(), rowcount=cur.rowcount, columns=_columns(sql, result))
+
+
+async def _result_async(cur: Any, sql: str) -> SqlResult:
+    result = cur.pgresult
+    if result is None or not result.nfields:
+        return SqlResult(rows=[], rowcount=cur.rowcount)
+    rows = list(await cur.fetchall())
+    return SqlResult(rows=rows, rowcount=cur.rowcount, columns=_columns(sql, result))
 
 
 # A batch runs in one pipeline: one round trip. Without a Sync the server would run the
@@ -184,148 +200,6 @@ def _result(cur: Any) -> SqlResult:
 _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _COMMIT = "COMMIT"
 _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
-
-
-# The fields of one item of a batch call, in the order of its JSON array
-# (fleetcron_run_claim_many_v1, fleetcron_run_finish_many_v1), named as in the parameters
-# of a single claim or outcome.
-_CLAIM_FIELDS = (
-    "job",
-    "lease_name",
-    "slot_us",
-    "run_id",
-    "exclusive",
-    "max_attempts",
-    "trigger",
-    "least_us",
-    "deadline_us",
-    "progress",
-    "pausable",
-    "fingerprint",
-)
-_CLAIM_SHARED = ("namespace", "holder", "ttl_us", "lost_error", "missed_error")
-_FINISH_FIELDS = (
-    "job",
-    "lease_name",
-    "slot_us",
-    "fence",
-    "state",
-    "exit_code",
-    "error",
-    "output",
-    "retry_after_us",
-)
-
-
-def _calls(
-    batch: Sequence[Mapping[str, object]], fields: Sequence[str], shared: Sequence[str]
-) -> list[tuple[list[int], dict[str, object]]]:
-    """A batch of per-item parameters as one call per transaction of
-    :func:`batch_transactions` (usually one): the ``shared`` parameters, and ``items``, a
-    JSON array of each item's ``fields`` in job order — the lock order. With the indexes
-    of the items each call decides, in its order."""
-    calls = []
-    for group in batch_transactions(batch):
-        params: dict[str, object] = {name: batch[group[0]][name] for name in shared}
-        params["items"] = json.dumps([[batch[index][name] for name in fields] for index in group])
-        calls.append((group, params))
-    return calls
-
-
-def _by_item(
-    count: int, calls: list[tuple[list[int], dict[str, object]]], results: Sequence[SqlResult]
-) -> list[tuple[Any, ...]]:
-    """The answer row of every item, in input order, from the rows of each call (their
-    first column: the item's position in the call, from 1)."""
-    rows: list[tuple[Any, ...] | None] = [None] * count
-    for (group, _), result in zip(calls, results, strict=True):
-        for row in result.rows:
-            rows[group[int(row[0]) - 1]] = tuple(row[1:])
-    if any(row is None for row in rows):
-        raise StoreError("the store answered a batch with fewer rows than it has items")
-    return rows  # type: ignore[return-value]
-
-
-class PostgresOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
-    """Lease, run-ledger, work-queue and checkpoint operations of PostgreSQL."""
-
-    def run_claim(
-        self, namespace: str, claims: Sequence[SlotClaim], holder: str, ttl_us: int
-    ) -> Operation[list[ClaimResult]]:
-        # One call per transaction, its claims in a JSON array (fleetcron_run_claim_many_v1): a
-        # statement per claim costs the replica and the server more than the claim.
-        if len(claims) < 2:
-            return (yield from super().run_claim(namespace, claims, holder, ttl_us))
-        batch = [claim_params(namespace, claim, holder, ttl_us) for claim in claims]
-        calls = _calls(batch, _CLAIM_FIELDS, _CLAIM_SHARED)
-        results: list[SqlResult] = yield QueryBatch(
-            "run_claim_many", tuple(params for _, params in calls)
-        )
-        rows = _by_item(len(claims), calls, results)
-        return [
-            claim_answer(namespace, claim, row) for claim, row in zip(claims, rows, strict=True)
-        ]
-
-    def run_finish_many(
-        self, namespace: str, finishes: Sequence[RunFinish]
-    ) -> Operation[list[bool]]:
-        if len(finishes) < 2:
-            return (yield from super().run_finish_many(namespace, finishes))
-        batch = [finish_params(namespace, finish) for finish in finishes]
-        calls = _calls(batch, _FINISH_FIELDS, ("namespace",))
-        results: list[SqlResult] = yield QueryBatch(
-            "run_finish_many", tuple(params for _, params in calls)
-        )
-        return [bool(row[0]) for row in _by_item(len(finishes), calls, results)]
-
-    def run_list_many(
-        self, namespace: str, jobs: Sequence[str], limit: int, *, output: bool = True
-    ) -> Operation[list[list[RunRecord]]]:
-        # One statement (a lateral index scan per job), not a pipeline of one per job: a
-        # status read of thousands of jobs is one result to fetch, not thousands.
-        if not jobs or limit <= 0:
-            return [[] for _ in jobs]
-        result: SqlResult = yield Query(
-            "run_list_many",
-            {
-                "namespace": namespace,
-                "jobs": json.dumps(list(jobs)),
-                "limit": limit,
-                "output": output,
-            },
-        )
-        ledgers: list[list[tuple[Any, ...]]] = [[] for _ in jobs]
-        for row in result.rows:
-            ledgers[int(row[0]) - 1].append(row[1:])
-        return [rows_to_runs(namespace, rows) for rows in ledgers]
-
-
-def batch_transactions(batch: Sequence[Mapping[str, object]]) -> list[list[int]]:
-    """How a batch of per-job statements (claims, outcomes, registrations) is grouped into
-    transactions, by index: the *k*-th item of every job goes into the *k*-th transaction,
-    and each transaction holds its items in job order. So one transaction
-    commits a whole batch of distinct jobs (one flush of the WAL instead of one per item),
-    and every transaction takes its row locks in one global order — by job, and within a
-    job lease, run, job row, the order every ledger function keeps — so two batches never
-    wait for each other in a cycle. The items of one job keep their input order (the first
-    is decided first, in the first transaction). Items without a job each get a
-    transaction of their own."""
-
-    # Stable: the items of one job keep their input order, so they are decided in it.
-    keyed = sorted(
-        (i for i in range(len(batch)) if "job" in batch[i]), key=lambda i: str(batch[i]["job"])
-    )
-    groups: list[list[int]] = []
-    taken: dict[str, int] = {}
-    for index in keyed:
-        job = str(batch[index]["job"])
-        rank = taken.get(job, 0)
-        taken[job] = rank + 1
-        if rank == len(groups):
-            groups.append([])
-        groups[rank].append(index)
-    groups += [[i] for i in range(len(batch)) if "job" not in batch[i]]
-    return groups
 
 
 def _end_failed_transaction(conn: Any) -> None:
@@ -433,7 +307,7 @@ class PostgresStore(SqlSyncStore):
                 if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
                     raise
                 time.sleep(retry_pause(attempt))
-        return _result(cur)
+        return _result(cur, sql)
 
     def _execute_batch(
         self, conn: Any, sql: str, batch: Sequence[Mapping[str, object]]
@@ -451,7 +325,7 @@ class PostgresStore(SqlSyncStore):
                         for index in group:
                             cursors[index].execute(sql, batch[index])
                         side.execute(_COMMIT)
-                return [_result(cur) for cur in cursors]
+                return [_result(cur, sql) for cur in cursors]
             except _RETRYABLE:
                 _end_failed_transaction(conn)
                 # One transaction refused as a whole changed nothing: send it again. With
@@ -613,8 +487,7 @@ class AsyncPostgresStore(AsyncSqlStore):
                     if attempt == _RETRIES - 1 or conn.info.transaction_status != _IDLE:
                         raise
                     await asyncio.sleep(retry_pause(attempt))
-            rows = await cur.fetchall() if cur.description is not None else []
-            return SqlResult(rows=list(rows), rowcount=cur.rowcount)
+            return await _result_async(cur, sql)
 
     async def _execute_batch(
         self, sql: str, batch: Sequence[Mapping[str, object]]
@@ -635,11 +508,7 @@ class AsyncPostgresStore(AsyncSqlStore):
                         for index in group:
                             await cursors[index].execute(sql, batch[index])
                         await side.execute(_COMMIT)
-                results = []
-                for cur in cursors:
-                    rows = await cur.fetchall() if cur.description is not None else []
-                    results.append(SqlResult(rows=list(rows), rowcount=cur.rowcount))
-                return results
+                return [await _result_async(cur, sql) for cur in cursors]
 
             try:
                 return await self._bounded(conn, work, in_transaction=True)

@@ -12,6 +12,9 @@ Python is what a set of rows cannot say by itself:
   finds it no longer held; a second extend extends it again);
 - which answer goes with which input: rows come back as ``(id, …)`` of the items that were
   changed, in no particular order.
+
+Rows are read by column name (:mod:`fleetcron.stores.rows`): items with ``ITEMS``, stats
+with ``STATS``, the answers of put, extend, ack and nack with the decoders below.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from typing import Any
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
 from fleetcron.stores.base import Operation, SqlResult, as_text
 from fleetcron.stores.memory_queue import expired_claim_error
+from fleetcron.stores.rows import ITEMS, STATS, RowDecoder
 from fleetcron.stores.statements import Query
 
-__all__ = ["SqlQueue", "rows_to_items"]
+__all__ = ["SqlQueue"]
 
 
 def _expired_error_parts() -> tuple[str, str]:
@@ -42,58 +46,6 @@ def _expired_error_parts() -> tuple[str, str]:
 _EXPIRED_HEAD, _EXPIRED_TAIL = _expired_error_parts()
 
 
-def _opt_text(value: object) -> str | None:
-    return None if value is None else as_text(value)
-
-
-def _opt_int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[call-overload]
-
-
-def rows_to_items(namespace: str, queue: str, rows: Iterable[Sequence[Any]]) -> list[QueueItem]:
-    """Map ``(id, dedupe_key, payload, state, attempts, max_attempts, fence, holder,
-    available_us, created_us, finished_us, error, now_us)`` rows."""
-    return [
-        QueueItem(
-            namespace=namespace,
-            queue=queue,
-            item_id=int(row[0]),
-            dedupe_key=_opt_text(row[1]),
-            payload=as_text(row[2]),
-            state=as_text(row[3]),
-            attempts=int(row[4]),
-            max_attempts=int(row[5]),
-            fence=int(row[6]),
-            holder=_opt_text(row[7]),
-            available_us=int(row[8]),
-            created_us=int(row[9]),
-            finished_us=_opt_int(row[10]),
-            error=_opt_text(row[11]),
-            now_us=int(row[12]),
-        )
-        for row in rows
-    ]
-
-
-def _rows_to_stats(namespace: str, rows: Iterable[Sequence[Any]]) -> list[QueueStats]:
-    """Map ``(queue, ready, scheduled, claimed, done, dead, oldest_us, now_us)`` rows (the
-    counts may come as decimals: MySQL's SUM)."""
-    return [
-        QueueStats(
-            namespace=namespace,
-            queue=as_text(row[0]),
-            ready=int(row[1]),
-            scheduled=int(row[2]),
-            claimed=int(row[3]),
-            done=int(row[4]),
-            dead=int(row[5]),
-            oldest_us=_opt_int(row[6]),
-            now_us=int(row[7]),
-        )
-        for row in rows
-    ]
-
-
 def _dumps(value: object) -> str:
     # UTF-8 as it is: no server has to undo \u escapes (surrogate pairs) of payloads.
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
@@ -102,6 +54,28 @@ def _dumps(value: object) -> str:
 def _count(result: SqlResult) -> int:
     """A count answered as a row (PostgreSQL) or as the statement's row count."""
     return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
+
+
+def _put(values: Iterable[Sequence[Any]]) -> list[tuple[int, str | None]]:
+    return [(int(i), None if key is None else as_text(key)) for i, key in values]
+
+
+def _extended(values: Iterable[Sequence[Any]]) -> list[tuple[tuple[int, int], int]]:
+    return [((int(i), int(fence)), int(until)) for i, fence, until in values]
+
+
+def _held(values: Iterable[Sequence[Any]]) -> list[tuple[int, int]]:
+    return [(int(i), int(fence)) for i, fence in values]
+
+
+def _given_back(values: Iterable[Sequence[Any]]) -> list[tuple[tuple[int, int], str]]:
+    return [((int(i), int(fence)), as_text(state)) for i, fence, state in values]
+
+
+_PUT = RowDecoder("put item", ("id", "dedupe_key"), _put)
+_EXTENDED = RowDecoder("extended item", ("id", "fence", "available_us"), _extended)
+_ACKED = RowDecoder("acknowledged item", ("id", "fence"), _held)
+_NACKED = RowDecoder("given-back item", ("id", "fence", "state"), _given_back)
 
 
 def _unique_pairs(pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -159,11 +133,11 @@ class SqlQueue:
         # always go in, with ids increasing in input order, so their ids, sorted, are theirs.
         by_key: dict[str, int] = {}
         keyless: list[int] = []
-        for row in result.rows:
-            if row[1] is None:
-                keyless.append(int(row[0]))
+        for item_id, key in _PUT.all(result):
+            if key is None:
+                keyless.append(item_id)
             else:
-                by_key[as_text(row[1])] = int(row[0])
+                by_key[key] = item_id
         keyless.sort(reverse=True)
         answers: list[int | None] = []
         given: set[str] = set()
@@ -182,16 +156,16 @@ class SqlQueue:
     ) -> Operation[list[QueueItem]]:
         if limit <= 0:
             return []
-        rows = yield from self._claim_rows(
+        result = yield from self._claim_rows(
             _claim_params(namespace, queue, holder, limit, visibility_us)
         )
-        return rows_to_items(namespace, queue, rows)
+        return ITEMS.all(result, namespace, queue)
 
-    def _claim_rows(self, params: dict[str, object]) -> Operation[list[Sequence[Any]]]:
+    def _claim_rows(self, params: dict[str, object]) -> Operation[SqlResult]:
         """The rows delivered by one claim, in claim order: one statement picks, locks,
         kills and delivers."""
         result: SqlResult = yield Query("queue_claim", params)
-        return list(result.rows)
+        return result
 
     def queue_extend(
         self,
@@ -212,7 +186,7 @@ class SqlQueue:
             },
         )
         # (id, fence, new expiry): a repeat of a claim extends it again, to the same time.
-        extended = {(int(row[0]), int(row[1])): int(row[2]) for row in result.rows}
+        extended = dict(_EXTENDED.all(result))
         return [extended.get((item_id, fence)) for item_id, fence in claims]
 
     def queue_ack(
@@ -225,7 +199,7 @@ class SqlQueue:
             {"namespace": namespace, "queue": queue, "claims": _dumps(_unique_pairs(claims))},
         )
         # (id, fence) of each item acknowledged: a repeat finds it done already.
-        acked = {(int(row[0]), int(row[1])) for row in result.rows}
+        acked = set(_ACKED.all(result))
         answers: list[bool] = []
         for pair in claims:
             answers.append(pair in acked)
@@ -255,15 +229,14 @@ class SqlQueue:
             },
         )
         # (id, fence, the state it was given back in).
-        states = {(int(row[0]), int(row[1])): as_text(row[2]) for row in result.rows}
+        states = dict(_NACKED.all(result))
         return [states.pop((n.item_id, n.fence), None) for n in nacks]
 
     def queue_get(self, namespace: str, queue: str, item_id: int) -> Operation[QueueItem | None]:
         result: SqlResult = yield Query(
             "queue_get", {"namespace": namespace, "queue": queue, "item_id": item_id}
         )
-        items = rows_to_items(namespace, queue, result.rows)
-        return items[0] if items else None
+        return ITEMS.first(result, namespace, queue)
 
     def queue_list(
         self, namespace: str, queue: str, states: Sequence[str] | None, limit: int
@@ -279,11 +252,11 @@ class SqlQueue:
                 "limit": limit,
             },
         )
-        return rows_to_items(namespace, queue, result.rows)
+        return ITEMS.all(result, namespace, queue)
 
     def queue_stats(self, namespace: str, queue: str | None) -> Operation[list[QueueStats]]:
         result: SqlResult = yield Query("queue_stats", {"namespace": namespace, "queue": queue})
-        return _rows_to_stats(namespace, result.rows)
+        return STATS.all(result, namespace)
 
     def queue_prune(
         self, namespace: str, queue: str | None, older_than_us: int, limit: int

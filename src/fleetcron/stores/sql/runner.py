@@ -42,6 +42,7 @@ from fleetcron.stores.url import StoreURL
 __all__ = [
     "AsyncSqlStore",
     "SqlSyncStore",
+    "column_names",
     "retry_pause",
     "schema_refusal",
     "store_error",
@@ -234,6 +235,12 @@ class SqlSyncStore(ABC):
 def _driver_message(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def column_names(description: Sequence[Sequence[Any]]) -> tuple[str, ...]:
+    """The column names of a result, from its DB-API ``cursor.description`` (the first
+    item of each column's entry)."""
+    return tuple([column[0] for column in description])
 
 
 def timed_out(url: StoreURL) -> StoreUnavailable:

@@ -25,7 +25,7 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, Operation, SqlResult, drive
-from fleetcron.stores.sql.runner import SqlSyncStore, store_error
+from fleetcron.stores.sql.runner import SqlSyncStore, column_names, store_error
 from fleetcron.stores.sql.sqlite_file import DatabaseFile
 from fleetcron.stores.sql.sqlite_operations import SqliteOperations
 from fleetcron.stores.url import StoreURL
@@ -141,6 +141,15 @@ def _out_of_space(exc: sqlite3.Error, path: Path) -> bool:
     return stats.f_bavail * stats.f_frsize < _LOW_SPACE_BYTES
 
 
+def _result(cur: sqlite3.Cursor) -> SqlResult:
+    """What a statement returned: its rows and their column names (none for a statement
+    without a result), and its count."""
+    description = cur.description
+    if description is None:
+        return SqlResult(rows=[], rowcount=cur.rowcount)
+    return SqlResult(rows=cur.fetchall(), rowcount=cur.rowcount, columns=column_names(description))
+
+
 def _roll_back(conn: sqlite3.Connection) -> None:
     """End a failed transaction. A rollback that fails too (the disk is full, the
     connection broken) must not hide the first error; SQLite rolls the journal back on
@@ -251,23 +260,19 @@ class SqliteStore(SqlSyncStore):
 
     def _execute(self, conn: Any, sql: str, params: Mapping[str, object]) -> SqlResult:
         if self._in_operation:
-            cur = conn.execute(sql, params)
-            rows = cur.fetchall() if cur.description is not None else []
-            return SqlResult(rows=rows, rowcount=cur.rowcount)
+            return _result(conn.execute(sql, params))
         self._check_file()
         # BEGIN IMMEDIATE takes the write lock up front, so busy_timeout applies; a
         # DEFERRED read-then-write would fail at once with SQLITE_BUSY instead of waiting.
         conn.execute("BEGIN IMMEDIATE")
         try:
-            cur = conn.execute(sql, params)
-            rows = cur.fetchall() if cur.description is not None else []
-            rowcount = cur.rowcount
+            result = _result(conn.execute(sql, params))
             conn.execute("COMMIT")
         except BaseException:
             _roll_back(conn)
             raise
         self._check_file()
-        return SqlResult(rows=rows, rowcount=rowcount)
+        return result
 
     def run(self, operation: Operation[T]) -> T:
         """Carry out ``operation`` in one ``BEGIN IMMEDIATE`` transaction: its statements

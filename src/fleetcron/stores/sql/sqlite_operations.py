@@ -6,7 +6,7 @@ round trips."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -24,15 +24,7 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import (
-    Operation,
-    SqlResult,
-    conflict_answer,
-    rows_to_jobs,
-    rows_to_records,
-    rows_to_replicas,
-    rows_to_runs,
-)
+from fleetcron.stores.base import Operation, SqlResult, conflict_answer
 from fleetcron.stores.ledger import (
     decide_claim,
     decide_extend,
@@ -40,6 +32,7 @@ from fleetcron.stores.ledger import (
     new_job,
     noted_run,
 )
+from fleetcron.stores.rows import JOBS, LEASES, REPLICAS, RUNS, RowDecoder, position
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import (
     SqlLedger,
@@ -66,20 +59,17 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         result: SqlResult = yield Query(
             "run_row", {"namespace": namespace, "job": job, "slot_us": slot_us, "now": now}
         )
-        runs = rows_to_runs(namespace, result.rows)
-        return runs[0] if runs else None
+        return RUNS.first(result, namespace)
 
     def _lease(self, namespace: str, name: str, now: int) -> Operation[LeaseRecord | None]:
         result: SqlResult = yield Query(
             "lease_row", {"namespace": namespace, "name": name, "now": now}
         )
-        leases = rows_to_records(namespace, result.rows)
-        return leases[0] if leases else None
+        return LEASES.first(result, namespace)
 
     def _job(self, namespace: str, job: str, now: int) -> Operation[JobRecord | None]:
         result: SqlResult = yield Query("job_row", {"namespace": namespace, "job": job, "now": now})
-        jobs = rows_to_jobs(namespace, result.rows)
-        return jobs[0] if jobs else None
+        return JOBS.first(result, namespace)
 
     @staticmethod
     def _put_run(run: RunRecord) -> Query:
@@ -317,25 +307,37 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         params = {**replica_params(namespace, replica, ttl_us, retain_us), "now": now}
         yield Query("replica_prune", params)
         result: SqlResult = yield Query("replica_put", params)
-        (record,) = rows_to_replicas(namespace, result.rows)
+        (record,) = REPLICAS.all(result, namespace)
         return record
 
     # -- the work queue ----------------------------------------------------------------------
-    def _claim_rows(self, params: dict[str, object]) -> Operation[list[Sequence[Any]]]:
+    def _claim_rows(self, params: dict[str, object]) -> Operation[SqlResult]:
         """A claim in three statements of the operation's transaction, at the clock the
         first one read: SQLite's RETURNING gives the new values only, in no set order, so
         the claim order (the old available_us) is taken from the pick."""
         picked: SqlResult = yield Query("queue_claim_pick", params)
         if not picked.rows:
-            return []
-        now = int(picked.rows[0][2])
-        dying = [int(row[0]) for row in picked.rows if row[1]]
-        order = {int(row[0]): index for index, row in enumerate(picked.rows) if not row[1]}
+            return picked
+        picks = _PICKS.all(picked)
+        now = picks[0][2]
+        dying = [item_id for item_id, dies, _ in picks if dies]
+        order = {item_id: index for index, (item_id, dies, _) in enumerate(picks) if not dies}
         if dying:
             yield Query("queue_claim_kill", {**params, "ids": json.dumps(dying), "now": now})
         if not order:
-            return []
+            return SqlResult(rows=[], rowcount=0)
         result: SqlResult = yield Query(
             "queue_claim", {**params, "ids": json.dumps(list(order)), "now": now}
         )
-        return sorted(result.rows, key=lambda row: order[int(row[0])])
+        at = position(result.columns, "id", "queue item")
+        rows = sorted(result.rows, key=lambda row: order[int(row[at])])
+        return SqlResult(rows=rows, rowcount=result.rowcount, columns=result.columns)
+
+
+def _picks(values: Iterable[Sequence[Any]]) -> list[tuple[int, bool, int]]:
+    return [(int(item_id), bool(dying), int(now_us)) for item_id, dying, now_us in values]
+
+
+_PICKS = RowDecoder("picked item", ("id", "dying", "now_us"), _picks)
+"""An item a claim picked: its id, whether its expired claim used up its deliveries (it
+dies instead), and the store's clock."""

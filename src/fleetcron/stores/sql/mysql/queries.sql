@@ -1,7 +1,9 @@
 -- MySQL 8 / MariaDB 10.6+ statements. The clock is UTC_TIMESTAMP(6), the server's.
 -- A block may hold several statements; they are sent together (one round trip) and the
 -- last result set is the block's result. Connections use CLIENT_FOUND_ROWS, so an UPDATE
--- reports the rows it matched, not only those it changed.
+-- reports the rows it matched, not only those it changed. Rows are read by column name,
+-- not position (fleetcron.stores.rows): a column computed for a record has the record's
+-- name for it (AS now_us).
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM fleetcron_schema;
@@ -17,7 +19,7 @@ UPDATE fleetcron_lease
        expires_at = TIMESTAMPADD(MICROSECOND, %(ttl_us)s, UTC_TIMESTAMP(6)),
        min_until = TIMESTAMPADD(MICROSECOND, %(least_us)s, UTC_TIMESTAMP(6))
  WHERE namespace = %(namespace)s AND name = %(name)s AND expires_at <= UTC_TIMESTAMP(6);
-SELECT fence, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at)
+SELECT fence, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at) AS now_us
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s AND name = %(name)s;
 
@@ -38,10 +40,10 @@ UPDATE fleetcron_lease
  WHERE namespace = %(namespace)s AND name = %(name)s
    AND holder = %(holder)s AND fence = %(fence)s AND expires_at > CAST(@fc_t AS DATETIME(6));
 SELECT name, holder, fence,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', CAST(@fc_t AS DATETIME(6)))
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at) AS acquired_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at) AS expires_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until) AS min_until_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', CAST(@fc_t AS DATETIME(6))) AS now_us
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s AND name = %(name)s
    AND holder = %(holder)s AND fence = %(fence)s;
@@ -54,19 +56,19 @@ UPDATE fleetcron_lease
 
 -- name: lease_get
 SELECT name, holder, fence,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at) AS acquired_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at) AS expires_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until) AS min_until_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s AND name = %(name)s;
 
 -- name: lease_list
 SELECT name, holder, fence,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at) AS acquired_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at) AS expires_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', min_until) AS min_until_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s
  ORDER BY name;
@@ -245,10 +247,10 @@ UPDATE fleetcron_job
    AND %(progress)s = 1;
 -- Exactly one row: the answer, then the claimed run's columns (NULL when not claimed),
 -- then the registered fingerprint of a conflict.
-SELECT @fc_why, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id,
-       r.`trigger`, r.started_us, r.finished_us, r.expires_us, r.retry_at_us,
-       r.cancel_requested, r.exit_code, r.error, r.output, @fc_now,
-       IF(@fc_conflict = 1, @fc_stored, NULL)
+SELECT @fc_why AS status, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder,
+       r.run_id, r.`trigger`, r.started_us, r.finished_us, r.expires_us, r.retry_at_us,
+       r.cancel_requested, r.exit_code, r.error, r.output, @fc_now AS now_us,
+       IF(@fc_conflict = 1, @fc_stored, NULL) AS stored_fingerprint
   FROM (SELECT 1 AS one) AS answer
   LEFT JOIN fleetcron_run AS r
     ON r.namespace = %(namespace)s AND r.job = %(job)s AND r.slot_us = %(slot_us)s
@@ -273,7 +275,7 @@ UPDATE fleetcron_lease
    AND fence = %(fence)s AND expires_at > CAST(@fc_t AS DATETIME(6)) AND @fc_ok > 0;
 SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       @fc_now
+       @fc_now AS now_us
   FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s
    AND @fc_ok > 0;
@@ -387,14 +389,14 @@ SELECT r.job, r.slot_us
 -- name: run_get
 SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s;
 
 -- name: run_list
 SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_run
  WHERE namespace = %(namespace)s
  ORDER BY slot_us DESC, job
@@ -404,8 +406,8 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_u
 -- Without `output` the rows come without it (run_list_many: a status read's many rows).
 SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error,
-       CASE WHEN %(output)s THEN output END,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       CASE WHEN %(output)s THEN output END AS output,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s
  ORDER BY slot_us DESC
@@ -419,7 +421,7 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_u
 SELECT r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.`trigger`,
        r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
        r.exit_code, r.error, r.output,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_run AS r FORCE INDEX (fleetcron_run_open)
  WHERE r.namespace = %(namespace)s AND r.state = 'running'
    AND r.slot_us >= coalesce(
@@ -528,7 +530,7 @@ INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, upda
 VALUES (%(namespace)s, %(job)s, FALSE, '', '', -1)
 ON DUPLICATE KEY UPDATE updated_us = updated_us;
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
-       last_failure_us, updated_us, @fc_now
+       last_failure_us, updated_us, @fc_now AS now_us
   FROM fleetcron_job
  WHERE namespace = %(namespace)s AND job = %(job)s AND updated_us <> -1;
 UPDATE fleetcron_job
@@ -544,13 +546,15 @@ UPDATE fleetcron_job
 
 -- name: job_get
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
-       last_failure_us, updated_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       last_failure_us, updated_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_job
  WHERE namespace = %(namespace)s AND job = %(job)s;
 
 -- name: job_list
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
-       last_failure_us, updated_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       last_failure_us, updated_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_job
  WHERE namespace = %(namespace)s
  ORDER BY job;
@@ -567,7 +571,7 @@ SELECT DISTINCT namespace FROM fleetcron_job;
 SET @fc_due_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
 SELECT job, slot_us, state, attempt, fence, holder, run_id, `trigger`, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       @fc_due_now
+       @fc_due_now AS now_us
   FROM fleetcron_run FORCE INDEX (fleetcron_run_open)
  WHERE namespace = %(namespace)s
    AND state IN ('queued', 'running', 'failed')
@@ -606,7 +610,7 @@ ON DUPLICATE KEY UPDATE
    jobs_fingerprint = %(jobs_fingerprint)s, last_seen_us = @fc_now,
    expires_us = @fc_now + %(ttl_us)s;
 SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
-       expires_us, @fc_now
+       expires_us, @fc_now AS now_us
   FROM fleetcron_replica
  WHERE namespace = %(namespace)s AND replica_id = %(replica_id)s;
 COMMIT;
@@ -614,7 +618,7 @@ COMMIT;
 -- name: replica_list
 -- Live rows, and those gone (expired) within gone_within_us.
 SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
-       expires_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       expires_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_replica
  WHERE namespace = %(namespace)s
    AND expires_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
@@ -725,7 +729,7 @@ UPDATE JSON_TABLE(COALESCE(@fc_picked, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$[
        i.available_us = @fc_now + %(visibility_us)s
  WHERE i.state <> 'dead';
 SELECT i.id, i.dedupe_key, i.payload, i.state, i.attempts, i.max_attempts, i.fence,
-       i.holder, i.available_us, i.created_us, i.finished_us, i.error, @fc_now
+       i.holder, i.available_us, i.created_us, i.finished_us, i.error, @fc_now AS now_us
   FROM JSON_TABLE(COALESCE(@fc_picked, '[]'), '$[*]' COLUMNS (
            id BIGINT PATH '$[0]', was BIGINT PATH '$[1]')) AS p
        STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = p.id
@@ -736,7 +740,7 @@ COMMIT;
 -- name: queue_extend
 -- Claims are [item_id, fence]. The held ones are locked (waiting for a claim that is
 -- taking one, then judged as it left it), then extended: the UPDATE's condition is the
--- lock's, on rows nobody else can change meanwhile. Returns (id, fence) of each.
+-- lock's, on rows nobody else can change meanwhile. Returns (id, fence, available_us) of each.
 START TRANSACTION;
 SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
 SELECT STRAIGHT_JOIN JSON_ARRAYAGG(JSON_ARRAY(i.id, i.fence)) INTO @fc_held
@@ -750,7 +754,7 @@ UPDATE JSON_TABLE(COALESCE(@fc_held, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$[0]
        STRAIGHT_JOIN fleetcron_queue_item AS i ON i.id = h.id
    SET i.available_us = @fc_now + %(visibility_us)s;
 COMMIT;
-SELECT h.id, h.fence, @fc_now + %(visibility_us)s
+SELECT h.id, h.fence, @fc_now + %(visibility_us)s AS available_us
   FROM JSON_TABLE(COALESCE(@fc_held, '[]'), '$[*]' COLUMNS (
            id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]')) AS h;
 
@@ -812,7 +816,7 @@ SELECT h.id, h.fence, h.state
 -- name: queue_get
 SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
        created_us, finished_us, error,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_queue_item
  WHERE namespace = %(namespace)s AND queue = %(queue)s AND id = %(item_id)s;
 
@@ -820,7 +824,7 @@ SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, av
 -- states: a JSON array of states, or NULL for any.
 SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
        created_us, finished_us, error,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_queue_item
  WHERE namespace = %(namespace)s AND queue = %(queue)s
    AND (%(states)s IS NULL
@@ -836,13 +840,14 @@ SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, av
 -- (claimable now), scheduled, claimed (held), done, dead, oldest_us, now_us).
 SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
 SELECT queue,
-       SUM(state IN ('ready', 'claimed') AND available_us <= @fc_now),
-       SUM(state = 'ready' AND available_us > @fc_now),
-       SUM(state = 'claimed' AND available_us > @fc_now),
-       SUM(state = 'done'),
-       SUM(state = 'dead'),
-       MIN(IF(state IN ('ready', 'claimed') AND available_us <= @fc_now, available_us, NULL)),
-       @fc_now
+       SUM(state IN ('ready', 'claimed') AND available_us <= @fc_now) AS ready,
+       SUM(state = 'ready' AND available_us > @fc_now) AS scheduled,
+       SUM(state = 'claimed' AND available_us > @fc_now) AS claimed,
+       SUM(state = 'done') AS done,
+       SUM(state = 'dead') AS dead,
+       MIN(IF(state IN ('ready', 'claimed') AND available_us <= @fc_now, available_us, NULL))
+           AS oldest_us,
+       @fc_now AS now_us
   FROM fleetcron_queue_item
  WHERE namespace = %(namespace)s AND (%(queue)s IS NULL OR queue = %(queue)s)
  GROUP BY queue
@@ -885,7 +890,8 @@ UPDATE JSON_TABLE(%(ids)s, '$[*]' COLUMNS (id BIGINT PATH '$')) AS r
 
 -- name: checkpoint_get
 -- (value, fence, updated_us, now_us), or no row when the checkpoint was never set.
-SELECT value, fence, updated_us, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
+SELECT value, fence, updated_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
   FROM fleetcron_checkpoint
  WHERE namespace = %(namespace)s AND name = %(name)s;
 

@@ -1,6 +1,8 @@
 -- PostgreSQL statements. Every time is clock_timestamp() (the server's clock at the
 -- moment of evaluation), never now() (start of the transaction) nor a client value.
--- Times are returned as microseconds since the epoch.
+-- Times are returned as microseconds since the epoch. Rows are read by column name, not
+-- position (fleetcron.stores.rows): a column computed for a record has the record's name
+-- for it (AS now_us), and a function's r_<column> is read as <column>.
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM fleetcron_schema;
@@ -21,10 +23,10 @@ UPDATE fleetcron_lease AS l
    AND l.holder = %(holder)s AND l.fence = %(fence)s
    AND l.expires_at > now.t
 RETURNING l.name, l.holder, l.fence,
-          (extract(epoch FROM l.acquired_at) * 1000000)::bigint,
-          (extract(epoch FROM l.expires_at) * 1000000)::bigint,
-          (extract(epoch FROM l.min_until) * 1000000)::bigint,
-          (extract(epoch FROM now.t) * 1000000)::bigint;
+          (extract(epoch FROM l.acquired_at) * 1000000)::bigint AS acquired_us,
+          (extract(epoch FROM l.expires_at) * 1000000)::bigint AS expires_us,
+          (extract(epoch FROM l.min_until) * 1000000)::bigint AS min_until_us,
+          (extract(epoch FROM now.t) * 1000000)::bigint AS now_us;
 
 -- name: lease_release
 -- A row when released, none when the lease was not ours (migration 12).
@@ -33,20 +35,20 @@ SELECT * FROM fleetcron_lease_release_v1(
 
 -- name: lease_get
 SELECT name, holder, fence,
-       (extract(epoch FROM acquired_at) * 1000000)::bigint,
-       (extract(epoch FROM expires_at) * 1000000)::bigint,
-       (extract(epoch FROM min_until) * 1000000)::bigint,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM acquired_at) * 1000000)::bigint AS acquired_us,
+       (extract(epoch FROM expires_at) * 1000000)::bigint AS expires_us,
+       (extract(epoch FROM min_until) * 1000000)::bigint AS min_until_us,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s AND name = %(name)s;
 
 -- name: lease_list
 -- COLLATE "C": code-point order, as on every other backend, whatever the database locale.
 SELECT name, holder, fence,
-       (extract(epoch FROM acquired_at) * 1000000)::bigint,
-       (extract(epoch FROM expires_at) * 1000000)::bigint,
-       (extract(epoch FROM min_until) * 1000000)::bigint,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM acquired_at) * 1000000)::bigint AS acquired_us,
+       (extract(epoch FROM expires_at) * 1000000)::bigint AS expires_us,
+       (extract(epoch FROM min_until) * 1000000)::bigint AS min_until_us,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_lease
  WHERE namespace = %(namespace)s
  ORDER BY name COLLATE "C";
@@ -207,14 +209,14 @@ SELECT r.job, r.slot_us
 -- name: run_get
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s AND slot_us = %(slot_us)s;
 
 -- name: run_list
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_run
  WHERE namespace = %(namespace)s
  ORDER BY slot_us DESC, job COLLATE "C"
@@ -224,8 +226,8 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
 -- Without `output` the rows come without it (run_list_many: a status read's many rows).
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error,
-       CASE WHEN %(output)s::boolean THEN output END,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       CASE WHEN %(output)s::boolean THEN output END AS output,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s
  ORDER BY slot_us DESC
@@ -233,12 +235,12 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
 
 -- name: run_list_many
 -- The newest `limit` rows of each job of the JSON array, each job's behind its position
--- (first column) in the array: one index scan per job, one statement for them all. Without
+-- (column ord) in the array: one index scan per job, one statement for them all. Without
 -- `output` the rows come without it (a status read's thousands of rows: half their bytes).
 SELECT j.ord, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.trigger,
        r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
-       r.exit_code, r.error, CASE WHEN %(output)s::boolean THEN r.output END,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       r.exit_code, r.error, CASE WHEN %(output)s::boolean THEN r.output END AS output,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM jsonb_array_elements_text(%(jobs)s::jsonb) WITH ORDINALITY AS j(job, ord)
   CROSS JOIN LATERAL (
         SELECT * FROM fleetcron_run
@@ -254,7 +256,8 @@ SELECT j.ord, r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id,
 -- without reading the rest of the ledger. The caller keeps the jobs it asked for.
 SELECT r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.trigger,
        r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
-       r.exit_code, r.error, r.output, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       r.exit_code, r.error, r.output,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_run AS r
  WHERE r.namespace = %(namespace)s AND r.state = 'running'
    AND r.slot_us >= coalesce(
@@ -365,14 +368,14 @@ UPDATE fleetcron_job
 -- name: job_get
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
        last_failure_us, updated_us,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_job
  WHERE namespace = %(namespace)s AND job = %(job)s;
 
 -- name: job_list
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
        last_failure_us, updated_us,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_job
  WHERE namespace = %(namespace)s
  ORDER BY job COLLATE "C";
@@ -386,7 +389,7 @@ SELECT DISTINCT namespace FROM fleetcron_job;
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       now.us
+       now.us AS now_us
   FROM fleetcron_run, now
  WHERE namespace = %(namespace)s
    AND state IN ('queued', 'running', 'failed')
@@ -427,13 +430,13 @@ ON CONFLICT (namespace, replica_id) DO UPDATE
        mode = excluded.mode, jobs_fingerprint = excluded.jobs_fingerprint,
        last_seen_us = excluded.last_seen_us, expires_us = excluded.expires_us
 RETURNING r.replica_id, r.host, r.pid, r.version, r.mode, r.jobs_fingerprint, r.started_us,
-          r.last_seen_us, r.expires_us, r.last_seen_us;
+          r.last_seen_us, r.expires_us, r.last_seen_us AS now_us;
 
 -- name: replica_list
 -- Live rows, and those gone (expired) within gone_within_us.
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
 SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
-       expires_us, now.us
+       expires_us, now.us AS now_us
   FROM fleetcron_replica, now
  WHERE namespace = %(namespace)s AND expires_us > now.us - %(gone_within_us)s
  ORDER BY replica_id COLLATE "C";
@@ -479,7 +482,7 @@ SELECT * FROM fleetcron_queue_nack(%(namespace)s::text, %(queue)s::text, %(nacks
 -- name: queue_get
 SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
        created_us, finished_us, error,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_queue_item
  WHERE id = %(item_id)s
    AND (namespace, queue) IS NOT DISTINCT FROM (%(namespace)s, %(queue)s);
@@ -488,7 +491,7 @@ SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, av
 -- states: a JSON array of states, or NULL for any.
 SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
        created_us, finished_us, error,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_queue_item
  WHERE namespace = %(namespace)s AND queue = %(queue)s
    AND (%(states)s::jsonb IS NULL
@@ -501,14 +504,16 @@ SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, av
 -- (claimable now), scheduled, claimed (held), done, dead, oldest_us, now_us).
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
 SELECT i.queue,
-       count(*) FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.us),
-       count(*) FILTER (WHERE i.state = 'ready' AND i.available_us > now.us),
-       count(*) FILTER (WHERE i.state = 'claimed' AND i.available_us > now.us),
-       count(*) FILTER (WHERE i.state = 'done'),
-       count(*) FILTER (WHERE i.state = 'dead'),
+       count(*) FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.us)
+           AS ready,
+       count(*) FILTER (WHERE i.state = 'ready' AND i.available_us > now.us) AS scheduled,
+       count(*) FILTER (WHERE i.state = 'claimed' AND i.available_us > now.us) AS claimed,
+       count(*) FILTER (WHERE i.state = 'done') AS done,
+       count(*) FILTER (WHERE i.state = 'dead') AS dead,
        min(i.available_us)
-           FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.us),
-       now.us
+           FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.us)
+           AS oldest_us,
+       now.us AS now_us
   FROM fleetcron_queue_item AS i, now
  WHERE i.namespace = %(namespace)s AND (%(queue)s::text IS NULL OR i.queue = %(queue)s)
  GROUP BY i.queue, now.us
@@ -558,7 +563,8 @@ SELECT count(*) FROM requeued;
 
 -- name: checkpoint_get
 -- (value, fence, updated_us, now_us), or no row when the checkpoint was never set.
-SELECT value, fence, updated_us, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+SELECT value, fence, updated_us,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
   FROM fleetcron_checkpoint
  WHERE namespace = %(namespace)s AND name = %(name)s;
 

@@ -1,5 +1,7 @@
 -- SQLite statements. The clock is SQLite's own 'now' (stable within one statement),
--- in microseconds at millisecond resolution. Each runs inside BEGIN IMMEDIATE.
+-- in microseconds at millisecond resolution. Each runs inside BEGIN IMMEDIATE. Rows are
+-- read by column name, not position (fleetcron.stores.rows): a column computed for a
+-- record has the record's name for it (AS now_us).
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM fleetcron_schema;
@@ -16,7 +18,7 @@ ON CONFLICT (namespace, name) DO UPDATE
        expires_us = excluded.expires_us,
        min_until_us = excluded.min_until_us
  WHERE l.expires_us <= excluded.acquired_us
-RETURNING fence, acquired_us;
+RETURNING fence, acquired_us AS now_us;
 
 -- name: lease_extend
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
@@ -25,7 +27,7 @@ UPDATE fleetcron_lease
  WHERE namespace = :namespace AND name = :name AND holder = :holder AND fence = :fence
    AND expires_us > (SELECT t FROM now)
 RETURNING name, holder, fence, acquired_us, expires_us, min_until_us,
-          (SELECT t FROM now);
+          (SELECT t FROM now) AS now_us;
 
 -- name: lease_release
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
@@ -37,13 +39,13 @@ RETURNING 1;
 
 -- name: lease_get
 SELECT name, holder, fence, acquired_us, expires_us, min_until_us,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_lease
  WHERE namespace = :namespace AND name = :name;
 
 -- name: lease_list
 SELECT name, holder, fence, acquired_us, expires_us, min_until_us,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_lease
  WHERE namespace = :namespace
  ORDER BY name;
@@ -82,18 +84,18 @@ SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 100
 -- name: run_row
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       :now
+       :now AS now_us
   FROM fleetcron_run
  WHERE namespace = :namespace AND job = :job AND slot_us = :slot_us;
 
 -- name: lease_row
-SELECT name, holder, fence, acquired_us, expires_us, min_until_us, :now
+SELECT name, holder, fence, acquired_us, expires_us, min_until_us, :now AS now_us
   FROM fleetcron_lease
  WHERE namespace = :namespace AND name = :name;
 
 -- name: job_row
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
-       last_failure_us, updated_us, :now
+       last_failure_us, updated_us, :now AS now_us
   FROM fleetcron_job
  WHERE namespace = :namespace AND job = :job;
 
@@ -168,14 +170,14 @@ SELECT r.job, r.slot_us
 -- name: run_get
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_run
  WHERE namespace = :namespace AND job = :job AND slot_us = :slot_us;
 
 -- name: run_list
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_run
  WHERE namespace = :namespace
  ORDER BY slot_us DESC, job
@@ -186,8 +188,8 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
 -- long output sits on overflow pages that are then not read).
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
        finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error,
-       CASE WHEN :output THEN output END,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CASE WHEN :output THEN output END AS output,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_run
  WHERE namespace = :namespace AND job = :job
  ORDER BY slot_us DESC
@@ -201,7 +203,7 @@ SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
 SELECT r.job, r.slot_us, r.state, r.attempt, r.fence, r.holder, r.run_id, r.trigger,
        r.started_us, r.finished_us, r.expires_us, r.retry_at_us, r.cancel_requested,
        r.exit_code, r.error, r.output,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_run AS r INDEXED BY fleetcron_run_running
  WHERE r.namespace = :namespace AND r.state = 'running'
    AND r.slot_us >= coalesce(
@@ -304,14 +306,14 @@ RETURNING 1;
 -- name: job_get
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
        last_failure_us, updated_us,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_job
  WHERE namespace = :namespace AND job = :job;
 
 -- name: job_list
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
        last_failure_us, updated_us,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_job
  WHERE namespace = :namespace
  ORDER BY job;
@@ -326,7 +328,8 @@ SELECT DISTINCT namespace FROM fleetcron_job;
 -- every finished row of the ledger read at each poll.
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 SELECT job, slot_us, state, attempt, fence, holder, run_id, trigger, started_us,
-       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output, t
+       finished_us, expires_us, retry_at_us, cancel_requested, exit_code, error, output,
+       t AS now_us
   FROM fleetcron_run INDEXED BY fleetcron_run_open, now
  WHERE namespace = :namespace
    AND state IN ('queued', 'running', 'failed')
@@ -361,12 +364,12 @@ ON CONFLICT (namespace, replica_id) DO UPDATE
        mode = excluded.mode, jobs_fingerprint = excluded.jobs_fingerprint,
        last_seen_us = excluded.last_seen_us, expires_us = excluded.expires_us
 RETURNING replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
-          expires_us, :now;
+          expires_us, :now AS now_us;
 
 -- name: replica_list
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 SELECT replica_id, host, pid, version, mode, jobs_fingerprint, started_us, last_seen_us,
-       expires_us, t
+       expires_us, t AS now_us
   FROM fleetcron_replica, now
  WHERE namespace = :namespace AND expires_us > t - :gone_within_us
  ORDER BY replica_id;
@@ -407,7 +410,7 @@ RETURNING id, dedupe_key;
 -- name: queue_claim_pick
 -- Up to :limit claimable items in claim order (oldest available_us first, then lowest id):
 -- (id, whether its expired claim used up its deliveries, the clock).
-SELECT i.id, i.state = 'claimed' AND i.attempts >= i.max_attempts, now.t
+SELECT i.id, i.state = 'claimed' AND i.attempts >= i.max_attempts AS dying, now.t AS now_us
   FROM fleetcron_queue_item AS i,
        (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
                AS t) AS now
@@ -429,7 +432,7 @@ UPDATE fleetcron_queue_item
        holder = :holder, available_us = :now + :visibility_us
  WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, dedupe_key, payload, state, attempts, max_attempts, fence, holder,
-          available_us, created_us, finished_us, error, :now;
+          available_us, created_us, finished_us, error, :now AS now_us;
 
 -- name: queue_extend
 -- Claims are [item_id, fence]; returns (id, fence, available_us) of each held item.
@@ -476,7 +479,7 @@ RETURNING id, fence, state;
 -- name: queue_get
 SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
        created_us, finished_us, error,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_queue_item
  WHERE namespace = :namespace AND queue = :queue AND id = :item_id;
 
@@ -484,7 +487,7 @@ SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, av
 -- states: a JSON array of states, or NULL for any.
 SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, available_us,
        created_us, finished_us, error,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_queue_item
  WHERE namespace = :namespace AND queue = :queue
    AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
@@ -496,14 +499,16 @@ SELECT id, dedupe_key, payload, state, attempts, max_attempts, fence, holder, av
 -- (claimable now), scheduled, claimed (held), done, dead, oldest_us, now_us).
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 SELECT i.queue,
-       count(*) FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.t),
-       count(*) FILTER (WHERE i.state = 'ready' AND i.available_us > now.t),
-       count(*) FILTER (WHERE i.state = 'claimed' AND i.available_us > now.t),
-       count(*) FILTER (WHERE i.state = 'done'),
-       count(*) FILTER (WHERE i.state = 'dead'),
+       count(*) FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.t)
+           AS ready,
+       count(*) FILTER (WHERE i.state = 'ready' AND i.available_us > now.t) AS scheduled,
+       count(*) FILTER (WHERE i.state = 'claimed' AND i.available_us > now.t) AS claimed,
+       count(*) FILTER (WHERE i.state = 'done') AS done,
+       count(*) FILTER (WHERE i.state = 'dead') AS dead,
        min(i.available_us)
-           FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.t),
-       now.t
+           FILTER (WHERE i.state IN ('ready', 'claimed') AND i.available_us <= now.t)
+           AS oldest_us,
+       now.t AS now_us
   FROM fleetcron_queue_item AS i, now
  WHERE i.namespace = :namespace AND (:queue IS NULL OR i.queue = :queue)
  GROUP BY i.queue
@@ -539,7 +544,7 @@ UPDATE fleetcron_queue_item
 -- name: checkpoint_get
 -- (value, fence, updated_us, now_us), or no row when the checkpoint was never set.
 SELECT value, fence, updated_us,
-       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
   FROM fleetcron_checkpoint
  WHERE namespace = :namespace AND name = :name;
 
