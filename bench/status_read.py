@@ -366,7 +366,7 @@ import json, sys, time
 from fleetcron import status as status_module
 from fleetcron.health import assess
 from fleetcron.stores import open_store, parse_store_url
-from fleetcron.stores.statements import QueryBatch, SqlResult
+from fleetcron.stores.sql.statements import QueryBatch, SqlResult
 
 url, namespace, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = open_store(parse_store_url(url))

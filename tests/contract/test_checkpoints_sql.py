@@ -21,11 +21,12 @@ import pytest
 
 from fleetcron.checkpoint import MAX_CHECKPOINT_BYTES
 from fleetcron.stores import SyncStore, open_async_store, open_store, parse_store_url
-from fleetcron.stores.base import Operation, SqlResult, drive
+from fleetcron.stores.base import Operation, drive
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.mysql import resendable
-from fleetcron.stores.statements import Query, Statement
+from fleetcron.stores.sql.statements import Query, SqlResult
+from fleetcron.stores.statements import Statement
 
 EVERY = pytest.mark.parametrize(
     "backend_url", ["memory", "sqlite", "postgres", "mysql"], indirect=True

@@ -82,9 +82,9 @@ from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.base import Operation, Operations
 from fleetcron.stores.memory import MemoryOperations, MemoryStore
 from fleetcron.stores.memory_state import State
+from fleetcron.stores.memory_step import Step
 from fleetcron.stores.sql.postgres import PostgresStore
 from fleetcron.stores.sql.postgres_operations import batch_transactions
-from fleetcron.stores.statements import Step
 from services import STORES, require_service
 
 T = TypeVar("T")

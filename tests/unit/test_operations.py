@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from fleetcron.models import LeaseRecord, SlotClaim
-from fleetcron.stores.base import SqlResult, Statement, drive, drive_async
+from fleetcron.stores.base import Statement, drive, drive_async
 from fleetcron.stores.redis.operations import RedisOperations, _namespace_pattern, lease_key
 from fleetcron.stores.redis.scripts import SCRIPTS
+from fleetcron.stores.redis.statements import KeyScan, Script, fan_out
 from fleetcron.stores.rows import LEASES, RUNS
 from fleetcron.stores.sql.files import load_migrations, load_queries, split_statements
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
-from fleetcron.stores.statements import KeyScan, Query, QueryBatch, Script, fan_out
+from fleetcron.stores.sql.statements import Query, QueryBatch, SqlResult
 from unit.fakes import FakeExecute
 
 DIALECTS = ("sqlite", "postgres", "mysql")

@@ -26,7 +26,7 @@ from fleetcron.stores.redis.operations import (
 )
 from fleetcron.stores.redis.queue import _queues_pattern
 from fleetcron.stores.redis.scripts import SCRIPT_BLOCKS, SCRIPTS
-from fleetcron.stores.statements import KeyScan, Script, fan_out
+from fleetcron.stores.redis.statements import KeyScan, Script, fan_out
 from unit.fakes import FakeExecute
 
 REDIS = RedisOperations()

@@ -29,8 +29,8 @@ from fleetcron.stores.redis.operations import (
     slots_key,
 )
 from fleetcron.stores.redis.scripts import REPLY_ROWS, SCRIPT_BLOCKS, SCRIPTS
+from fleetcron.stores.redis.statements import KeyScan, Script, ScriptCalls, fan_out
 from fleetcron.stores.redis.store import RedisStore
-from fleetcron.stores.statements import KeyScan, Script, ScriptCalls, fan_out
 from unit.fakes import FakeExecute
 
 REDIS = RedisOperations()

@@ -8,7 +8,7 @@ import pytest
 from redis.crc import key_slot
 
 from fleetcron.models import ReplicaInfo, ReplicaRecord
-from fleetcron.stores.base import REPLICA_PRUNE_LIMIT, SqlResult, drive
+from fleetcron.stores.base import REPLICA_PRUNE_LIMIT, drive
 from fleetcron.stores.redis.operations import (
     RedisOperations,
     _jobs_pattern,
@@ -16,11 +16,12 @@ from fleetcron.stores.redis.operations import (
     replica_key,
 )
 from fleetcron.stores.redis.scripts import SCRIPTS
+from fleetcron.stores.redis.statements import Script
 from fleetcron.stores.rows import REPLICAS
 from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.operations import SqlLedger
 from fleetcron.stores.sql.sqlite_operations import SqliteOperations
-from fleetcron.stores.statements import Query, Script
+from fleetcron.stores.sql.statements import Query, SqlResult
 from unit.fakes import FakeExecute
 
 INFO = ReplicaInfo(

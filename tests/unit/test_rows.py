@@ -24,7 +24,7 @@ from fleetcron.stores.rows import (
     STATS,
     RowDecoder,
 )
-from fleetcron.stores.statements import SqlResult
+from fleetcron.stores.sql.statements import SqlResult
 
 # Each decoder with the context its caller gives, and the record field of each column.
 DECODERS: list[tuple[RowDecoder[Any], tuple[Any, ...]]] = [

@@ -17,7 +17,8 @@ from fleetcron.status import ORDER, FleetStatus, Page, read_status, status_json
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.base import Operation
 from fleetcron.stores.memory import MemoryStore
-from fleetcron.stores.statements import Query, QueryBatch, SqlResult, Statement
+from fleetcron.stores.sql.statements import Query, QueryBatch, SqlResult
+from fleetcron.stores.statements import Statement
 from fleetcron.testing import FakeClock
 
 NS = "pages"

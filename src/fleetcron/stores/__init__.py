@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 
 from fleetcron._log import log
 from fleetcron.errors import ConfigurationError
+from fleetcron.stores.backends import backend, entry_points, missing_driver
 from fleetcron.stores.base import AsyncStore, Capability, SyncStore
 from fleetcron.stores.url import StoreURL, default_sqlite_path, parse_store_url, url_passwords
 
@@ -133,47 +134,23 @@ def _warn_if_on_command_line(url: StoreURL, argv: Sequence[str] | None = None) -
         )
 
 
-def _missing_driver(kind: str, extra: str, exc: ImportError) -> ConfigurationError:
-    return ConfigurationError(
-        f"the {kind} backend needs its driver: pip install 'fleetcron[{extra}]' ({exc.name})"
-    )
-
-
 def open_store(url: StoreURL, *, auto_migrate: bool = True, create: bool = True) -> SyncStore:
-    """Connect a sync store. Raises ``StoreUnavailable`` / ``ConfigurationError``.
+    """Connect a sync store of the backend ``url`` names (:mod:`fleetcron.stores.backends`).
+    Raises ``StoreUnavailable`` / ``ConfigurationError``.
 
     ``create=False`` opens the store as it is and writes nothing on opening: a SQLite file
     that does not exist raises :class:`~fleetcron.errors.StoreMissing` (neither it nor its
     directory is made), Redis's persistence marker is read instead of set, and no schema is
     created or upgraded (``auto_migrate`` is ignored). :func:`open_existing_store` also
     checks that the schema is there and current."""
-    auto_migrate = auto_migrate and create
-    if url.kind == "memory":
-        from fleetcron.stores.memory import MemoryStore
-
-        return MemoryStore()
-    if url.kind == "sqlite":
-        from fleetcron.stores.sql.sqlite import SqliteStore
-
-        assert url.path is not None
-        default = create and url.path == default_sqlite_path()
-        return SqliteStore(url, auto_migrate=auto_migrate, create_parent=default, create=create)
-    store: SyncStore
+    entry = backend(url.kind)
+    module = entry_points(entry)
     try:
-        if url.kind == "postgres":
-            from fleetcron.stores.sql.postgres import PostgresStore
-
-            store = PostgresStore(url, auto_migrate=auto_migrate)
-        elif url.kind == "mysql":
-            from fleetcron.stores.sql.mysql import MysqlStore
-
-            store = MysqlStore(url, auto_migrate=auto_migrate)
-        else:
-            from fleetcron.stores.redis.store import RedisStore
-
-            store = RedisStore(url, create=create)
-    except ImportError as exc:
-        raise _missing_driver(url.kind, url.kind, exc) from None
+        store: SyncStore = module.open_sync(
+            url, create=create, auto_migrate=auto_migrate and create
+        )
+    except ImportError as exc:  # a driver imported on first use
+        raise missing_driver(entry, exc) from None
     _warn_if_on_command_line(url)
     return store
 
@@ -184,14 +161,13 @@ def open_existing_store(url: StoreURL) -> SyncStore:
     ``create=False``, then refused unless it holds this fleetcron's schema —
     :class:`~fleetcron.errors.StoreMissing` when there is none (a mistyped path or
     database is said, never answered from an empty store made for the occasion),
-    :class:`~fleetcron.errors.SchemaError` when it is older or newer. Redis and memory
-    keep no schema: any such store exists."""
-    from fleetcron.stores.sql.runner import SqlSyncStore
-
+    :class:`~fleetcron.errors.SchemaError` when it is older or newer. A store that keeps
+    no schema (Redis, memory: no ``require_schema()``) exists whenever it answers."""
     store = open_store(url, create=False)
     try:
-        if isinstance(store, SqlSyncStore):
-            store.require_schema()
+        require = getattr(store, "require_schema", None)
+        if callable(require):
+            require()
     except BaseException:
         store.close()
         raise
@@ -199,57 +175,29 @@ def open_existing_store(url: StoreURL) -> SyncStore:
 
 
 async def open_async_store(url: StoreURL, *, existing: bool = False) -> AsyncStore:
-    """Connect an async store: native asyncio for PostgreSQL, MySQL and Redis; SQLite
-    (a local file, no network wait) runs its statements in a worker thread.
+    """Connect an async store: the backend's own asyncio store when it has one
+    (PostgreSQL, MySQL, Redis), else its sync store in a worker thread (SQLite: a local
+    file, no network wait).
 
     ``existing``: open it as :func:`open_existing_store` does (nothing created, migrated or
     written on opening; a store that is not there, or not at this fleetcron's schema, is
     refused)."""
-    import asyncio
+    entry = backend(url.kind)
+    module = entry_points(entry)
+    native = getattr(module, "open_async", None)
+    if native is None:
+        import asyncio
 
-    from fleetcron.bridge import ThreadedAsyncStore
+        from fleetcron.bridge import ThreadedAsyncStore
 
-    store: AsyncStore | None = None
+        opener = open_existing_store if existing else open_store
+        return ThreadedAsyncStore(await asyncio.to_thread(opener, url))
     try:
-        if url.kind == "postgres":
-            from fleetcron.stores.sql.postgres import AsyncPostgresStore
-
-            pg = AsyncPostgresStore(url)
-            await _opened(pg, pg.open(migrate=not existing))
-            store = pg
-        elif url.kind == "mysql":
-            from fleetcron.stores.sql.mysql_async import AsyncMysqlStore
-
-            my = AsyncMysqlStore(url)
-            await _opened(my, my.open(migrate=not existing))
-            store = my
-        elif url.kind == "redis":
-            from fleetcron.stores.redis.store import AsyncRedisStore
-
-            rd = AsyncRedisStore(url)
-            await rd.open(create=not existing)
-            store = rd
+        store: AsyncStore = await native(url, create=not existing, migrate=not existing)
     except ImportError as exc:
-        raise _missing_driver(url.kind, url.kind, exc) from None
-    if store is not None:
-        _warn_if_on_command_line(url)
-        return store
-    if url.kind == "memory":
-        from fleetcron.stores.memory import AsyncMemoryStore
-
-        return AsyncMemoryStore()
-    opener = open_existing_store if existing else open_store
-    return ThreadedAsyncStore(await asyncio.to_thread(opener, url))
-
-
-async def _opened(store: AsyncStore, opening: Awaitable[None]) -> None:
-    """Await ``opening``; a store that could not be opened (a schema refused, a failed
-    migration) is closed, not left with its connection."""
-    try:
-        await opening
-    except BaseException:
-        await store.close()
-        raise
+        raise missing_driver(entry, exc) from None
+    _warn_if_on_command_line(url)
+    return store
 
 
 def async_face(store: SyncStore) -> AsyncStore:

@@ -50,7 +50,7 @@ from fleetcron.queue_models import (
     QueuePut,
     QueueStats,
 )
-from fleetcron.stores.statements import SqlResult, Statement
+from fleetcron.stores.statements import Statement
 
 __all__ = [
     "QUEUE_PRUNE_LIMIT",
@@ -61,7 +61,6 @@ __all__ = [
     "Operation",
     "Operations",
     "QueueOperations",
-    "SqlResult",
     "Statement",
     "SyncStore",
     "acquired_record",
@@ -69,6 +68,7 @@ __all__ = [
     "connect_error",
     "drive",
     "drive_async",
+    "opened",
 ]
 
 T = TypeVar("T")
@@ -587,3 +587,13 @@ def connect_error(url: str, error: FleetcronError | None) -> FleetcronError:
     if isinstance(error, StoreError):
         return StoreUnavailable(f"cannot connect to {url}: {error.message}")
     return error
+
+
+async def opened(store: AsyncStore, opening: Awaitable[None]) -> None:
+    """Await ``opening``; a store that could not be opened (a schema refused, a failed
+    migration) is closed, not left with its connection."""
+    try:
+        await opening
+    except BaseException:
+        await store.close()
+        raise

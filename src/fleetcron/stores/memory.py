@@ -28,9 +28,10 @@ from fleetcron.stores.base import (
 from fleetcron.stores.memory_ledger import MemoryLedger
 from fleetcron.stores.memory_queue import MemoryQueue
 from fleetcron.stores.memory_state import State, atomic
-from fleetcron.stores.statements import Step
+from fleetcron.stores.memory_step import Step
+from fleetcron.stores.url import StoreURL
 
-__all__ = ["AsyncMemoryStore", "MemoryOperations", "MemoryStore"]
+__all__ = ["AsyncMemoryStore", "MemoryOperations", "MemoryStore", "open_async", "open_sync"]
 
 T = TypeVar("T")
 
@@ -244,3 +245,13 @@ class AsyncMemoryStore:
 
     async def close(self) -> None:
         await asyncio.sleep(0)
+
+
+def open_sync(url: StoreURL, *, create: bool, auto_migrate: bool) -> MemoryStore:
+    """The backend's entry point (:mod:`fleetcron.stores.backends`): a new, empty store."""
+    return MemoryStore()
+
+
+async def open_async(url: StoreURL, *, create: bool, migrate: bool) -> AsyncMemoryStore:
+    """The backend's async entry point: a new, empty store."""
+    return AsyncMemoryStore()

@@ -16,7 +16,7 @@ from fleetcron.queue_models import (
     QueueStats,
 )
 from fleetcron.stores.base import Operation
-from fleetcron.stores.statements import Step
+from fleetcron.stores.memory_step import Step
 
 __all__ = ["MemoryQueue", "QueueTables", "expired_claim_error"]
 

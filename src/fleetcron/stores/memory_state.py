@@ -9,9 +9,9 @@ from typing import Any
 
 from fleetcron.models import JobRecord, LeaseRecord, ReplicaRecord, RunRecord
 from fleetcron.stores.memory_queue import QueueTables
-from fleetcron.stores.statements import Step
+from fleetcron.stores.memory_step import Step
 
-__all__ = ["State", "StepFunction", "atomic"]
+__all__ = ["State", "Step", "StepFunction", "atomic"]
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from fleetcron.errors import SchemaError
 from fleetcron.models import JobRecord, LeaseRecord, ReplicaRecord, RunRecord
 from fleetcron.queue_models import CheckpointRecord, QueueItem, QueueStats
 from fleetcron.stores.base import acquired_record, as_text
-from fleetcron.stores.statements import SqlResult
+from fleetcron.stores.sql.statements import SqlResult
 
 __all__ = [
     "ACQUIRED",

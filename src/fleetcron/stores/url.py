@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fleetcron.durations import parse_duration
 from fleetcron.errors import ConfigurationError
+from fleetcron.stores.backends import schemes
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
@@ -23,17 +24,8 @@ __all__ = [
     "url_passwords",
 ]
 
-SCHEMES = {
-    "memory": "memory",
-    "sqlite": "sqlite",
-    "postgresql": "postgres",
-    "postgres": "postgres",
-    "mysql": "mysql",
-    "mariadb": "mysql",
-    "redis": "redis",
-    "rediss": "redis",
-    "unix": "redis",
-}
+SCHEMES = schemes()
+"""Every URL scheme, and the kind of backend it names (:mod:`fleetcron.stores.backends`)."""
 
 
 # Seconds. One pair of limits, the same on every backend, settable in any backend URL

@@ -23,7 +23,7 @@ from fleetcron.queue_models import CheckpointRecord
 from fleetcron.stores.base import Operation
 from fleetcron.stores.redis.keys import lease_key
 from fleetcron.stores.redis.replies import checkpoint_of
-from fleetcron.stores.statements import Script
+from fleetcron.stores.redis.statements import Script
 
 __all__ = ["CHECKPOINT_PREFIX", "RedisCheckpoints", "checkpoint_key"]
 

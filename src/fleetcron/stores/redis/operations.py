@@ -98,7 +98,7 @@ from fleetcron.stores.redis.replies import (
     run_of,
     runs_of,
 )
-from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
+from fleetcron.stores.redis.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
 
 __all__ = [
     "RedisOperations",

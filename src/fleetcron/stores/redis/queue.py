@@ -48,7 +48,7 @@ from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
 from fleetcron.stores.base import Operation, as_text
 from fleetcron.stores.redis.keys import glob_escape, lease_key
 from fleetcron.stores.redis.replies import items_of, stats_of
-from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
+from fleetcron.stores.redis.statements import KeyScan, Script, ScriptArg, ScriptCalls
 
 __all__ = ["QUEUE_PREFIX", "RedisQueue", "item_key", "queue_keys"]
 

@@ -41,13 +41,20 @@ from fleetcron.stores.redis.connect import (
 )
 from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import SCRIPTS
-from fleetcron.stores.statements import KeyScan, Script, ScriptArg, ScriptCalls
+from fleetcron.stores.redis.statements import KeyScan, Script, ScriptArg, ScriptCalls
 from fleetcron.stores.url import StoreURL
 
 if TYPE_CHECKING:
     from fleetcron.stores.redis.doctor import RedisFacts
 
-__all__ = ["AsyncRedisStore", "RedisStore", "ServerSettings", "translate"]
+__all__ = [
+    "AsyncRedisStore",
+    "RedisStore",
+    "ServerSettings",
+    "open_async",
+    "open_sync",
+    "translate",
+]
 
 T = TypeVar("T")
 log = logging.getLogger("fleetcron")
@@ -361,3 +368,16 @@ class AsyncRedisStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def open_sync(url: StoreURL, *, create: bool, auto_migrate: bool) -> RedisStore:
+    """The backend's entry point (:mod:`fleetcron.stores.backends`): Redis keeps no
+    schema; ``create=False`` reads its persistence marker instead of setting it."""
+    return RedisStore(url, create=create)
+
+
+async def open_async(url: StoreURL, *, create: bool, migrate: bool) -> AsyncRedisStore:
+    """The backend's async entry point."""
+    store = AsyncRedisStore(url)
+    await store.open(create=create)
+    return store

@@ -12,9 +12,9 @@ answers.
 from __future__ import annotations
 
 from fleetcron.queue_models import CheckpointRecord
-from fleetcron.stores.base import Operation, SqlResult
+from fleetcron.stores.base import Operation
 from fleetcron.stores.rows import CHECKPOINTS
-from fleetcron.stores.statements import Query
+from fleetcron.stores.sql.statements import Query, SqlResult
 
 __all__ = ["SqlCheckpoints"]
 

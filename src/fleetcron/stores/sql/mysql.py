@@ -24,11 +24,12 @@ from fleetcron.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fleetcron.stores.base import Capability, SqlResult
+from fleetcron.stores.base import AsyncStore, Capability, opened
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
 from fleetcron.stores.sql.queue import SqlQueue
 from fleetcron.stores.sql.runner import SqlSyncStore, column_names, retry_pause, store_error
+from fleetcron.stores.sql.statements import SqlResult
 from fleetcron.stores.sql.watchdog import deadline
 from fleetcron.stores.url import StoreURL
 
@@ -40,6 +41,8 @@ __all__ = [
     "connect",
     "connect_args",
     "connect_timed_out",
+    "open_async",
+    "open_sync",
     "resendable",
     "split_results",
 ]
@@ -346,3 +349,18 @@ def _result_sets(conn: Any, cur: Any, text: str) -> tuple[list[SqlResult], int]:
             pass
         raise
     return sets, rowcount
+
+
+def open_sync(url: StoreURL, *, create: bool, auto_migrate: bool) -> MysqlStore:
+    """The backend's entry point (:mod:`fleetcron.stores.backends`)."""
+    return MysqlStore(url, auto_migrate=auto_migrate)
+
+
+async def open_async(url: StoreURL, *, create: bool, migrate: bool) -> AsyncStore:
+    """The backend's async entry point (aiomysql): connected, and migrated when
+    ``migrate``."""
+    from fleetcron.stores.sql.mysql_async import AsyncMysqlStore
+
+    store = AsyncMysqlStore(url)
+    await opened(store, store.open(migrate=migrate))
+    return store

@@ -10,7 +10,7 @@ import aiomysql
 import pymysql
 
 from fleetcron.errors import StoreError, StoreUnavailable
-from fleetcron.stores.base import Capability, SqlResult, connect_error
+from fleetcron.stores.base import Capability, connect_error
 from fleetcron.stores.sql.mysql import (
     RETRIES,
     MysqlOperations,
@@ -23,6 +23,7 @@ from fleetcron.stores.sql.mysql import (
     translate,
 )
 from fleetcron.stores.sql.runner import AsyncSqlStore, column_names, retry_pause, timed_out
+from fleetcron.stores.sql.statements import SqlResult
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncMysqlStore"]

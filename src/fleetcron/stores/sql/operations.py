@@ -26,7 +26,7 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import REPLICA_PRUNE_LIMIT, Operation, SqlResult, as_text
+from fleetcron.stores.base import REPLICA_PRUNE_LIMIT, Operation, as_text
 from fleetcron.stores.ledger import (
     LOST_ERROR,
     MISSED_ERROR,
@@ -35,7 +35,7 @@ from fleetcron.stores.ledger import (
     stored_text,
 )
 from fleetcron.stores.rows import ACQUIRED, JOBS, LEASES, REPLICAS, RUNS, RowDecoder
-from fleetcron.stores.statements import Query, QueryBatch
+from fleetcron.stores.sql.statements import Query, QueryBatch, SqlResult
 
 __all__ = [
     "SqlLedger",

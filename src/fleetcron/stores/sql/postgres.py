@@ -25,7 +25,7 @@ from fleetcron.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fleetcron.stores.base import Capability, SqlResult, connect_error
+from fleetcron.stores.base import Capability, connect_error, opened
 from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.postgres_operations import PostgresOperations, batch_transactions
 from fleetcron.stores.sql.runner import (
@@ -35,6 +35,7 @@ from fleetcron.stores.sql.runner import (
     store_error,
     timed_out,
 )
+from fleetcron.stores.sql.statements import SqlResult
 from fleetcron.stores.sql.watchdog import Deadline, deadline
 from fleetcron.stores.url import StoreURL
 
@@ -48,6 +49,8 @@ __all__ = [
     "PostgresOperations",
     "PostgresStore",
     "check_conninfo",
+    "open_async",
+    "open_sync",
 ]
 
 R = TypeVar("R")
@@ -525,3 +528,15 @@ class AsyncPostgresStore(AsyncSqlStore):
                     await cur.close()
             await asyncio.sleep(retry_pause(attempt))
             attempt += 1
+
+
+def open_sync(url: StoreURL, *, create: bool, auto_migrate: bool) -> PostgresStore:
+    """The backend's entry point (:mod:`fleetcron.stores.backends`)."""
+    return PostgresStore(url, auto_migrate=auto_migrate)
+
+
+async def open_async(url: StoreURL, *, create: bool, migrate: bool) -> AsyncPostgresStore:
+    """The backend's async entry point: connected, and migrated when ``migrate``."""
+    store = AsyncPostgresStore(url)
+    await opened(store, store.open(migrate=migrate))
+    return store

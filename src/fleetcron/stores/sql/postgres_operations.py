@@ -12,7 +12,7 @@ from typing import Any
 
 from fleetcron.errors import StoreError
 from fleetcron.models import ClaimResult, RunFinish, RunRecord, SlotClaim
-from fleetcron.stores.base import Operation, SqlResult
+from fleetcron.stores.base import Operation
 from fleetcron.stores.rows import RUNS, position
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import (
@@ -23,7 +23,7 @@ from fleetcron.stores.sql.operations import (
     finish_params,
 )
 from fleetcron.stores.sql.queue import SqlQueue
-from fleetcron.stores.statements import Query, QueryBatch
+from fleetcron.stores.sql.statements import Query, QueryBatch, SqlResult
 
 __all__ = ["PostgresOperations", "batch_transactions"]
 

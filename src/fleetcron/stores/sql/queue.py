@@ -25,10 +25,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut, QueueStats
-from fleetcron.stores.base import Operation, SqlResult, as_text
+from fleetcron.stores.base import Operation, as_text
 from fleetcron.stores.memory_queue import expired_claim_error
 from fleetcron.stores.rows import ITEMS, STATS, RowDecoder
-from fleetcron.stores.statements import Query
+from fleetcron.stores.sql.statements import Query, SqlResult
 
 __all__ = ["SqlQueue"]
 

@@ -29,14 +29,13 @@ from fleetcron.stores.base import (
     Capability,
     Operation,
     Operations,
-    SqlResult,
     Statement,
     connect_error,
     drive,
     drive_async,
 )
 from fleetcron.stores.sql.files import Migration, load_migrations, load_queries
-from fleetcron.stores.statements import Query, QueryBatch
+from fleetcron.stores.sql.statements import Query, QueryBatch, SqlResult
 from fleetcron.stores.url import StoreURL
 
 __all__ = [

@@ -24,13 +24,20 @@ from fleetcron.errors import (
     StoreReplaced,
     StoreUnavailable,
 )
-from fleetcron.stores.base import Capability, Operation, SqlResult, drive
+from fleetcron.stores.base import Capability, Operation, drive
 from fleetcron.stores.sql.runner import SqlSyncStore, column_names, store_error
 from fleetcron.stores.sql.sqlite_file import DatabaseFile
 from fleetcron.stores.sql.sqlite_operations import SqliteOperations
-from fleetcron.stores.url import StoreURL
+from fleetcron.stores.sql.statements import SqlResult
+from fleetcron.stores.url import StoreURL, default_sqlite_path
 
-__all__ = ["NETWORK_FILESYSTEMS", "SqliteStore", "check_sqlite_path", "filesystem_type"]
+__all__ = [
+    "NETWORK_FILESYSTEMS",
+    "SqliteStore",
+    "check_sqlite_path",
+    "filesystem_type",
+    "open_sync",
+]
 
 T = TypeVar("T")
 
@@ -355,3 +362,13 @@ class SqliteStore(SqlSyncStore):
                 return 0
             return int(row[0] or 0)
         return super().schema_version()
+
+
+def open_sync(url: StoreURL, *, create: bool, auto_migrate: bool) -> SqliteStore:
+    """The backend's entry point (:mod:`fleetcron.stores.backends`). The default file's
+    directory (``~/.local/state/fleetcron``) is made when a store may be created; any
+    other path's directory must be there. No async entry point: a local file has no
+    network wait, so the async face runs this store in a worker thread."""
+    assert url.path is not None
+    default = create and url.path == default_sqlite_path()
+    return SqliteStore(url, auto_migrate=auto_migrate, create_parent=default, create=create)

@@ -24,7 +24,7 @@ from fleetcron.models import (
     SlotClaim,
     job_lease_name,
 )
-from fleetcron.stores.base import Operation, SqlResult, conflict_answer
+from fleetcron.stores.base import Operation, conflict_answer
 from fleetcron.stores.ledger import (
     decide_claim,
     decide_extend,
@@ -42,7 +42,7 @@ from fleetcron.stores.sql.operations import (
     replica_params,
 )
 from fleetcron.stores.sql.queue import SqlQueue
-from fleetcron.stores.statements import Query
+from fleetcron.stores.sql.statements import Query, SqlResult
 
 __all__ = ["SqliteOperations"]
 
