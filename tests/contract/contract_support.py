@@ -3,11 +3,12 @@ starting contender processes together."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from fleetcron.models import LeaseRecord
@@ -88,15 +89,35 @@ def eventually(probe: Callable[[], T | None], *, timeout: float = 10.0, every: f
         time.sleep(every)
 
 
-def run_together(commands: Sequence[list[str]], role: str) -> list[Any]:
+def run_together(commands: Sequence[list[str]], role: str, *, timeout_s: float = 60.0) -> list[Any]:
     """Start one process per command, wait until every one has said ``ready`` (connected),
     tell them all ``go``, and return each one's JSON answer from its stdout, in order. A
-    process that fails to start, fails or outlives 60 s fails the test; none is left
-    running."""
+    process that fails to start, fails or outlives ``timeout_s`` fails the test; none is
+    left running."""
+    with started_together(commands, role, timeout_s=timeout_s) as finish:
+        return finish()
+
+
+@contextlib.contextmanager
+def started_together(
+    commands: Sequence[list[str]], role: str, *, timeout_s: float = 60.0
+) -> Iterator[Callable[[], list[Any]]]:
+    """:func:`run_together` for processes that run until told to stop: inside the block
+    they have all been told ``go``; the function it gives tells each ``stop`` and returns
+    each one's JSON answer, in order. None is left running."""
     workers = [
         subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for command in commands
     ]
+
+    def finish() -> list[Any]:
+        results = []
+        for worker in workers:
+            out, _ = worker.communicate("stop\n", timeout=timeout_s)
+            assert worker.returncode == 0, f"a {role} failed (exit {worker.returncode})"
+            results.append(json.loads(out))
+        return results
+
     try:
         for worker in workers:  # every one connected before any starts
             assert worker.stdout is not None
@@ -105,12 +126,7 @@ def run_together(commands: Sequence[list[str]], role: str) -> list[Any]:
             assert worker.stdin is not None
             worker.stdin.write("go\n")
             worker.stdin.flush()
-        results = []
-        for worker in workers:
-            out, _ = worker.communicate(timeout=60)
-            assert worker.returncode == 0, f"a {role} failed (exit {worker.returncode})"
-            results.append(json.loads(out))
-        return results
+        yield finish
     finally:
         for worker in workers:
             if worker.poll() is None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 import time
 from typing import Any
 
 import pytest
 
+from contract.contract_support import run_together
 from fleetcron.models import RunOutcome, RunRecord, SlotClaim, job_lease_name
 from fleetcron.stores import SyncStore
 from fleetcron.stores.base import Operations
@@ -182,34 +182,14 @@ def test_eight_processes_claiming_the_same_slots_at_once_claim_each_exactly_once
         "got = [a.run for a in got if a.run is not None]\n"
         "print(json.dumps([[r.job, r.slot_us, r.fence, r.run_id] for r in got]))\n"
     )
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, backend_url, namespace, json.dumps(slots), str(n)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(8)
-    ]
-    try:
-        for worker in workers:
-            assert worker.stdout is not None
-            assert worker.stdout.readline().strip() == "ready"
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        claimed = []
-        for worker in workers:
-            out, err = worker.communicate(timeout=60)
-            assert worker.returncode == 0, err
-            claimed.extend(json.loads(out))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    answers = run_together(
+        [
+            [sys.executable, "-c", code, backend_url, namespace, json.dumps(slots), str(n)]
+            for n in range(8)
+        ],
+        "claimer",
+    )
+    claimed = [row for answer in answers for row in answer]
 
     assert sorted((job, slot) for job, slot, _, _ in claimed) == sorted(map(tuple, slots))
     for job, slot, fence, run_id in claimed:

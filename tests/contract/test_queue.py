@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from contract.contract_support import run_together
-from contract.queueworker import drain
+from contract.contract_support import run_together, started_together
+from contract.queueworker import churn, drain
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut
 from fleetcron.stores import SyncStore
 from fleetcron.stores.base import QueueOperations
@@ -425,3 +425,55 @@ def test_concurrent_claimers_never_get_the_same_item_and_drain_the_queue(
     assert sorted(i for i, _ in acked) == sorted(ids)
     (stats,) = q.stats()
     assert (stats.done, stats.depth) == (300, 0)
+
+
+@pytest.mark.slow
+def test_a_claim_finds_an_item_put_while_neighbour_queues_are_busy(
+    q: Queue, backend_url: str, namespace: str
+) -> None:
+    """Claims skip only the items another claim holds: busy neighbours, another queue of the
+    namespace (one sorting just before, whose claims' index ranges end at this queue's
+    first item) and another namespace, never hide an item a claim could take."""
+    rounds = 150
+    neighbours = [(namespace, "p"), (f"{namespace}-next", "q")]
+    if backend_url.startswith("memory"):
+        stop = threading.Event()
+        done: list[dict[str, Any]] = []
+        threads = [
+            threading.Thread(
+                target=lambda n=n, qn=qn: done.append(
+                    churn(q.store, n, qn, f"neighbour-{qn}", stop.is_set)
+                )
+            )
+            for n, qn in neighbours
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            found = _claim_fresh_items(q, rounds)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+    else:
+        commands = [
+            [sys.executable, str(WORKER), backend_url, n, qn, f"neighbour-{qn}", "churn"]
+            for n, qn in neighbours
+        ]
+        with started_together(commands, "neighbour") as finish:
+            found = _claim_fresh_items(q, rounds)
+            done = finish()
+
+    assert found == [1] * rounds, "each claim found the one item just put"
+    assert all(result["rounds"] > 0 for result in done), done
+
+
+def _claim_fresh_items(q: Queue, rounds: int) -> list[int]:
+    """Put one item, claim at once, acknowledge: how many items each claim found."""
+    found = []
+    for n in range(rounds):
+        q.put(n)
+        items = q.claim(10, holder="h1")
+        found.append(len(items))
+        q.ack(*items)
+    return found

@@ -12,7 +12,6 @@ the MySQL retry of a deadlocked transaction.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from typing import Any
@@ -20,8 +19,10 @@ from typing import Any
 import pymysql
 import pytest
 
+from contract.contract_support import run_together
 from fleetcron.queue_models import QueueItem, QueueNack, QueuePut
 from fleetcron.stores import SyncStore, open_async_store, parse_store_url
+from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.mysql import connect_args, resendable
 
 EVERY = pytest.mark.parametrize(
@@ -220,34 +221,12 @@ print(json.dumps(answers))
 def test_puts_racing_on_the_same_new_keys_in_any_order_give_each_key_once(
     backend_url: str, namespace: str, store: SyncStore
 ) -> None:
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", _PUTTER, backend_url, namespace, str(n), "4"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(5)
-    ]
-    try:
-        for worker in workers:
-            assert worker.stdout is not None
-            assert worker.stdout.readline().strip() == "ready"
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        batches = []
-        for worker in workers:
-            out, err = worker.communicate(timeout=120)
-            assert worker.returncode == 0, err
-            batches.extend(json.loads(out))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    answers = run_together(
+        [[sys.executable, "-c", _PUTTER, backend_url, namespace, str(n), "4"] for n in range(5)],
+        "putter",
+        timeout_s=120,
+    )
+    batches = [batch for answer in answers for batch in answer]
 
     given: dict[str, list[int]] = {}
     for batch in batches:
@@ -299,6 +278,52 @@ def test_a_claim_skips_an_item_another_transaction_holds_without_waiting_for_it(
         other.rollback()
         other.close()
     assert [item.item_id for item in claim(store, namespace, 3)] == ids[:1]
+
+
+def _hold_open(backend_url: str, operation: Any) -> Any:
+    """A connection of its own that has run ``operation`` (a queue operation of the store,
+    its one named query with the parameters the store gives it) inside a transaction it
+    keeps open: what the operation locks stays locked."""
+    query = next(operation)
+    url = parse_store_url(backend_url)
+    text = load_queries(url.kind)[query.name]
+    if url.kind == "postgres":
+        import psycopg
+
+        pg = psycopg.connect(backend_url)
+        pg.execute(text, query.params)
+        return pg
+    my = pymysql.connect(**connect_args(url))
+    with my.cursor() as cur:
+        cur.execute(text[: text.rindex("COMMIT")], query.params)
+        while cur.nextset():
+            pass
+    return my
+
+
+@SERVERS
+@pytest.mark.parametrize("held", ["claim", "put"])
+def test_an_open_claim_or_put_hides_no_item_of_another_queue_or_the_newest_item(
+    backend_url: str, store: SyncStore, namespace: str, held: str
+) -> None:
+    """A claim locks only the items it takes (on MariaDB a locking range scan would also
+    lock the first index entry past its range: the next queue's oldest item, which claims
+    there would skip), and a put locks only what it inserts (not the newest item)."""
+    (mine,) = put(store, namespace, [QueuePut(payload='"mine"')], queue="q")
+    ops = store.ops
+    if held == "claim":  # of the empty queue just before "q" in the claim index
+        operation = ops.queue_claim(namespace, "p", "h0", 10, LONG)
+    else:
+        operation = ops.queue_put(namespace, "p", [QueuePut(payload='"theirs"')])
+    other = _hold_open(backend_url, operation)
+    try:
+        started = time.monotonic()
+        got = claim(store, namespace, 10)
+        assert time.monotonic() - started < 2, "the claim waited for the other transaction"
+        assert [item.item_id for item in got] == [mine]
+    finally:
+        other.rollback()
+        other.close()
 
 
 # -- PostgreSQL plans that do not hang on statistics --------------------------------------------

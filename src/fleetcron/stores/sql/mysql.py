@@ -94,7 +94,10 @@ def connect_args(url: StoreURL) -> dict[str, Any]:
         "init_command": (
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;"
             "SET SESSION time_zone = '+00:00', "
-            "sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
+            "sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION', "
+            # room for the queue claim's ordered list of candidates (GROUP_CONCAT, which
+            # MySQL cuts at 1,024 bytes by default): 20,064 of them at most
+            "group_concat_max_len = 4194304"
         ),
     }
     if "unix_socket" in query:

@@ -93,6 +93,8 @@ def _claim_params(
         "queue": queue,
         "holder": holder,
         "limit": limit,
+        # MariaDB/MySQL first read this many candidates without locks (mysql/queries.sql)
+        "window": 2 * limit + 64,
         "visibility_us": visibility_us,
         "expired_head": _EXPIRED_HEAD,
         "expired_tail": _EXPIRED_TAIL,

@@ -455,25 +455,29 @@ DELETE r FROM fleetcron_run AS r
 -- DELETE itself would sort): @fc_prune_cut, the newest kept row's slot (keep_offset = keep
 -- - 1; NULL when the job has fewer finished rows: then nothing goes); @fc_prune_bound, the
 -- slots that may go (a slot is never later than its row's finish); @fc_prune_upto, the
--- limit-th candidate's slot (NULL when there are fewer).
+-- limit-th candidate's slot (NULL when there are fewer). The bounds are plain reads
+-- (SELECT … INTO): MariaDB reads a subquery of a SET with shared locks, held until COMMIT,
+-- and the DELETE checks every condition again on the rows it removes.
 START TRANSACTION;
 SET @fc_prune_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
-SET @fc_prune_cut = (SELECT slot_us FROM fleetcron_run
-                      WHERE namespace = %(namespace)s AND job = %(job)s
-                        AND state NOT IN ('running', 'queued')
-                        AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
-                      ORDER BY slot_us DESC
-                      LIMIT 1 OFFSET %(keep_offset)s);
+SELECT MAX(slot_us) INTO @fc_prune_cut
+  FROM (SELECT slot_us FROM fleetcron_run
+         WHERE namespace = %(namespace)s AND job = %(job)s
+           AND state NOT IN ('running', 'queued')
+           AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
+         ORDER BY slot_us DESC
+         LIMIT 1 OFFSET %(keep_offset)s) AS b;
 SET @fc_prune_bound = IF(%(keep)s = 0, @fc_prune_now - %(older_than_us)s,
                          LEAST(@fc_prune_now - %(older_than_us)s, @fc_prune_cut));
-SET @fc_prune_upto = (SELECT slot_us FROM fleetcron_run
-                       WHERE namespace = %(namespace)s AND job = %(job)s
-                         AND slot_us < @fc_prune_bound
-                         AND state NOT IN ('running', 'queued')
-                         AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
-                         AND finished_us < @fc_prune_now - %(older_than_us)s
-                       ORDER BY slot_us
-                       LIMIT 1 OFFSET %(limit_offset)s);
+SELECT MAX(slot_us) INTO @fc_prune_upto
+  FROM (SELECT slot_us FROM fleetcron_run
+         WHERE namespace = %(namespace)s AND job = %(job)s
+           AND slot_us < @fc_prune_bound
+           AND state NOT IN ('running', 'queued')
+           AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
+           AND finished_us < @fc_prune_now - %(older_than_us)s
+         ORDER BY slot_us
+         LIMIT 1 OFFSET %(limit_offset)s) AS b;
 DELETE FROM fleetcron_run
  WHERE namespace = %(namespace)s AND job = %(job)s
    AND slot_us < @fc_prune_bound
@@ -488,12 +492,13 @@ SELECT @fc_pruned;
 
 -- name: run_prune_job_preview
 SET @fc_prune_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
-SET @fc_prune_cut = (SELECT slot_us FROM fleetcron_run
-                      WHERE namespace = %(namespace)s AND job = %(job)s
-                        AND state NOT IN ('running', 'queued')
-                        AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
-                      ORDER BY slot_us DESC
-                      LIMIT 1 OFFSET %(keep_offset)s);
+SELECT MAX(slot_us) INTO @fc_prune_cut
+  FROM (SELECT slot_us FROM fleetcron_run
+         WHERE namespace = %(namespace)s AND job = %(job)s
+           AND state NOT IN ('running', 'queued')
+           AND NOT (state = 'failed' AND retry_at_us IS NOT NULL)
+         ORDER BY slot_us DESC
+         LIMIT 1 OFFSET %(keep_offset)s) AS b;
 SET @fc_prune_bound = IF(%(keep)s = 0, @fc_prune_now - %(older_than_us)s,
                          LEAST(@fc_prune_now - %(older_than_us)s, @fc_prune_cut));
 SELECT count(*) FROM (
@@ -657,12 +662,13 @@ DELETE FROM fleetcron_replica
 -- With no INSERT … RETURNING, this call's rows are told apart by `token` (random, unique
 -- to the call), written into holder for the duration of the transaction only: nobody else
 -- sees an uncommitted row, and ids above @fc_last (the highest committed before the
--- insert) bound the search to the newest rows. Returns (id, dedupe_key) of each new item.
+-- insert, read by a plain SELECT … INTO: a subquery of a SET would hold a shared lock on
+-- the newest item, which a claim would then skip) bound the search to the newest rows. Returns (id, dedupe_key) of each new item.
 -- The items are sent once, into @fc_items (cleared at the end): they may be megabytes.
 START TRANSACTION;
 SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)),
-    @fc_last = (SELECT COALESCE(MAX(id), 0) FROM fleetcron_queue_item),
     @fc_items = %(items)s;
+SELECT COALESCE(MAX(id), 0) INTO @fc_last FROM fleetcron_queue_item;
 SELECT JSON_ARRAYAGG(k.ord) INTO @fc_taken
   FROM JSON_TABLE(@fc_items, '$[*]' COLUMNS (
            ord FOR ORDINALITY,
@@ -697,24 +703,42 @@ COMMIT;
 SET @fc_items = NULL;
 
 -- name: queue_claim
--- Picks up to `limit` claimable items, oldest available_us first, then lowest id (the
--- claim index in order: claimable_us is available_us while ready or claimed), locking
+-- Picks up to `limit` claimable items, oldest available_us first, then lowest id, locking
 -- them and skipping rows another claim has locked, so claimers never wait on each other
--- and never share an item. FORCE INDEX: left to itself the optimizer reads the index from
--- the start of the queue (through every finished item, NULL there) rather than the range
--- of claimable ones, and another index would have it sort, locking every claimable row.
--- @fc_picked: [id, available_us before the claim] of each. Each
--- picked item whose expired claim used up its deliveries dies; the others are delivered
--- (two UPDATEs: MySQL may evaluate a multi-table UPDATE's assignments in any order, so
--- none reads a column another one sets). Returns the delivered rows in claim order, read
--- before COMMIT, while they are still this transaction's.
+-- and never share an item. In two steps, because InnoDB's locking range scan also locks
+-- the first index record past the range, which belongs to the next queue or namespace:
+-- a claim there would skip that item (SKIP LOCKED) for as long as this transaction lasts,
+-- and a queue claimed without pause would starve the next one's oldest item. So:
+-- @fc_seen: a plain read (no locks) of the `window` oldest claimable items (the claim
+-- index in order: claimable_us is available_us while ready or claimed; FORCE INDEX: left
+-- to itself the optimizer reads the index from the start of the queue, through every
+-- finished item, NULL there), as a JSON array in claim order (GROUP_CONCAT is the one
+-- ordered aggregate of both servers); the window is wider than `limit` so that claims
+-- running at once each find items the others have not locked.
+-- @fc_picked: [id, available_us before the claim] of the first `limit` of them locked by
+-- primary key in that order (the nested loop reads the array in order, no sort, so no row
+-- past the limit is read or locked), skipping locked ones and checking again that each
+-- is still claimable. Each picked item whose expired claim used up its deliveries dies;
+-- the others are delivered (two UPDATEs: MySQL may evaluate a multi-table UPDATE's
+-- assignments in any order, so none reads a column another one sets). Returns the
+-- delivered rows in claim order, read before COMMIT, while they are still this
+-- transaction's.
 START TRANSACTION;
 SET @fc_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
-SELECT JSON_ARRAYAGG(JSON_ARRAY(p.id, p.was)) INTO @fc_picked
-  FROM (SELECT id, available_us AS was
+SELECT CONCAT('[', GROUP_CONCAT(JSON_ARRAY(c.id, c.claimable_us)
+                                ORDER BY c.claimable_us, c.id SEPARATOR ','), ']')
+  INTO @fc_seen
+  FROM (SELECT id, claimable_us
           FROM fleetcron_queue_item FORCE INDEX (fleetcron_queue_item_claim)
          WHERE namespace = %(namespace)s AND queue = %(queue)s AND claimable_us <= @fc_now
          ORDER BY claimable_us, id
+         LIMIT %(window)s) AS c;
+SELECT JSON_ARRAYAGG(JSON_ARRAY(p.id, p.was)) INTO @fc_picked
+  FROM (SELECT i.id, i.available_us AS was
+          FROM JSON_TABLE(COALESCE(@fc_seen, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS s
+               STRAIGHT_JOIN fleetcron_queue_item AS i FORCE INDEX (PRIMARY) ON i.id = s.id
+         WHERE i.namespace = %(namespace)s AND i.queue = %(queue)s
+           AND i.claimable_us <= @fc_now
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED) AS p;
 UPDATE JSON_TABLE(COALESCE(@fc_picked, '[]'), '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS p
