@@ -312,10 +312,10 @@ def test_an_open_claim_or_put_hides_no_item_of_another_queue_or_the_newest_item(
     (mine,) = put(store, namespace, [QueuePut(payload='"mine"')], queue="q")
     ops = store.ops
     if held == "claim":  # of the empty queue just before "q" in the claim index
-        operation = ops.queue_claim(namespace, "p", "h0", 10, LONG)
+        other = _hold_open(backend_url, ops.queue_claim(namespace, "p", "h0", 10, LONG))
     else:
-        operation = ops.queue_put(namespace, "p", [QueuePut(payload='"theirs"')])
-    other = _hold_open(backend_url, operation)
+        theirs = [QueuePut(payload='"theirs"')]
+        other = _hold_open(backend_url, ops.queue_put(namespace, "p", theirs))
     try:
         started = time.monotonic()
         got = claim(store, namespace, 10)

@@ -15,7 +15,8 @@ import pytest
 
 from contract.test_schema import fresh_database
 from e2e.helpers import CROSS_PROCESS_BACKENDS, FLEETCRON, Cli, assert_clean_error
-from fleetcron.cli.exitcodes import EXIT_USAGE
+from fleetcron.cli.exitcodes import EXIT_STORE_REFUSED, EXIT_USAGE
+from services import require_service
 
 LONG_NAME = "n" * 201
 
@@ -315,3 +316,57 @@ def test_a_jobs_file_that_is_not_a_regular_file_is_refused_at_once(
     result = sqlite_cli.run("run", str(jobs), timeout=30)
 
     assert_clean_error(result, EXIT_USAGE, str(jobs), "not a regular file")
+
+
+# -- permanent refusals get their exit status, never "try again later" (75) -----------------
+
+
+@pytest.mark.parametrize("where", ["directory", "/dev/null", "/dev/zero"])
+@pytest.mark.parametrize("command", ["exec", "status"])
+def test_a_sqlite_path_that_is_no_regular_file_is_a_usage_error(
+    namespace: str, tmp_path: Path, marker: Path, where: str, command: str
+) -> None:
+    path = tmp_path / "store.db" if where == "directory" else Path(where)
+    if where == "directory":
+        path.mkdir()
+    cli = Cli(f"sqlite://{path}", namespace, tmp_path)
+    args = _exec("job", marker=marker) if command == "exec" else ["status"]
+    expected = "is a directory" if where == "directory" else "is not a regular file"
+    assert_clean_error(cli.run(*args), EXIT_USAGE, str(path), expected)
+    if where == "directory":
+        assert list(path.iterdir()) == [], "nothing was made inside"
+    else:
+        assert path.is_char_device()
+
+
+def test_a_redis_database_number_the_server_does_not_have_is_refused(
+    namespace: str, tmp_path: Path, marker: Path
+) -> None:
+    base = require_service("redis").rsplit("/", 1)[0]
+    cli = Cli(f"{base}/99999", namespace, tmp_path)
+    for args in (_exec("job", marker=marker), ["status"]):
+        assert_clean_error(cli.run(*args), EXIT_STORE_REFUSED, "DB index is out of range")
+
+
+@pytest.mark.parametrize("schema", ["made", "missing"])
+def test_a_read_only_postgresql_database_is_refused(
+    namespace: str, tmp_path: Path, marker: Path, schema: str
+) -> None:
+    import psycopg
+
+    with fresh_database(require_service("postgres"), tmp_path) as url:
+        cli = Cli(url, namespace, tmp_path)
+        if schema == "made":
+            assert cli.run("migrate").returncode == 0
+        database = url.rsplit("/", 1)[1].split("?")[0]
+        with psycopg.connect(require_service("postgres"), autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+        assert_clean_error(
+            cli.run(*_exec("job", marker=marker)), EXIT_STORE_REFUSED, "read-only transaction"
+        )
+        jobs = tmp_path / "jobs.toml"
+        jobs.write_text(f'[jobs.a]\nevery = "1s"\ncommand = ["touch", "{marker}"]\n')
+        result = cli.run("run", str(jobs))
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.returncode == EXIT_STORE_REFUSED, result.stderr
+        assert "read-only transaction" in result.stderr.strip().splitlines()[-1]

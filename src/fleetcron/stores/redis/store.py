@@ -68,6 +68,11 @@ def translate(exc: BaseException) -> FleetcronError | None:
         )
     if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
         return StoreRefused(f"Redis refused the credentials or command: {exc}")
+    if isinstance(exc, redis.exceptions.ResponseError) and "DB index" in str(exc):
+        return StoreRefused(
+            f"Redis refused the database number of the backend URL: {exc} (the server's "
+            "`databases` setting bounds it, 16 by default)"
+        )
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return StoreUnavailable(f"Redis unreachable: {exc}")
     if isinstance(exc, redis.exceptions.RedisError):

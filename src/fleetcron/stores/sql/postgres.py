@@ -117,9 +117,10 @@ def _connect_kwargs(url: StoreURL) -> dict[str, Any]:
     }
 
 
-# Refusals: bad credentials, no such role or database, missing privileges. A failed
-# connection carries no SQLSTATE, only the server's FATAL message.
-_REFUSED_SQLSTATES = {"28000", "28P01", "3D000", "42501"}
+# Refusals: bad credentials, no such role or database, missing privileges, a read-only
+# transaction (default_transaction_read_only, a hot standby: 25006). A failed connection
+# carries no SQLSTATE, only the server's FATAL message.
+_REFUSED_SQLSTATES = {"28000", "28P01", "3D000", "42501", "25006"}
 _REFUSED_TEXT = re.compile(
     r"password authentication failed|no pg_hba\.conf entry|(role|database) \".*\" does not "
     r"exist|permission denied|password is required|authentication failed"

@@ -106,6 +106,12 @@ def check_sqlite_path(path: Path, *, create_parent: bool, mountinfo: Path = MOUN
             f"SQLite database directory {parent} is not writable (WAL needs to create "
             f"{path.name}-wal and {path.name}-shm beside the database)"
         )
+    if path.is_dir():
+        raise ConfigurationError(f"SQLite database {path} is a directory, not a file")
+    if path.exists() and not path.is_file():
+        raise ConfigurationError(
+            f"SQLite database {path} is not a regular file (a device, a pipe or a socket)"
+        )
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
         raise ConfigurationError(f"SQLite database {path} is not writable")
     return path
