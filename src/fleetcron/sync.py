@@ -230,8 +230,16 @@ class Fleet(JobRegistry, Observed):
         """Sync :meth:`AsyncFleet.try_lock`: a :class:`~fleetcron.lease.Lease`, or
         ``None`` when another holder has it (after ``wait``, if given)."""
         terms = self._core._terms(name, lock_at_most, lock_at_least, keepalive)
+        wait_us = wait_micros(wait)
+        if wait_us <= 0:
+            # One try, as retrying's first with nothing left to wait: without its
+            # coroutine, which costs a tenth of an uncontended Redis cycle's client CPU.
+            lease = self._acquire(terms)
+            if lease is None:
+                log_skipped(terms)
+            return lease
         return run_inline(
-            retrying(self._acquire_inline, terms, wait_micros(wait), self.clock, blocking_sleep)
+            retrying(self._acquire_inline, terms, wait_us, self.clock, blocking_sleep)
         )
 
     def lock(

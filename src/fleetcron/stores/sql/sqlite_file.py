@@ -29,7 +29,7 @@ _NOTHING = "no file is at that path now"
 _ANOTHER = "another file is at that path now"
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
+def _identity(path: str) -> tuple[int, int] | None:
     """The (device, inode) of the file ``path`` names now; ``None`` when it names none."""
     try:
         found = os.stat(path)
@@ -49,6 +49,7 @@ class DatabaseFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._where = os.fspath(path)  # checked four times a lock cycle: no Path per stat
         self._identity: tuple[int, int] | None = None
         self._gone: str | None = None  # what the path named when it stopped naming the file
 
@@ -56,7 +57,7 @@ class DatabaseFile:
         """Remember the file the path names, just opened by SQLite. Only the first
         connection's counts: a connection made again later must have found the same file."""
         if self._identity is None and self._gone is None:
-            found = _identity(self.path)
+            found = _identity(self._where)
             if found is None:  # deleted between SQLite's open and this stat
                 self._gone = _NOTHING
             self._identity = found
@@ -67,7 +68,7 @@ class DatabaseFile:
         file opened first. Once it has not, it never does again for this store: the
         process that noticed does nothing more in either file."""
         if self._gone is None and self._identity is not None:
-            now = _identity(self.path)
+            now = _identity(self._where)
             if now == self._identity:
                 return
             self._gone = _NOTHING if now is None else _ANOTHER
