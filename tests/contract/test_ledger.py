@@ -42,7 +42,7 @@ from fleetcron.models import (
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.base import Operations
 from fleetcron.stores.ledger import MISSED_ERROR
-from fleetcron.stores.redis.operations import slots_key
+from fleetcron.stores.redis.keys import slots_key
 
 R = TypeVar("R", RunRecord, JobRecord, LeaseRecord)
 

@@ -17,7 +17,8 @@ import pytest
 
 from fleetcron.models import LeaseRecord, SlotClaim
 from fleetcron.stores.base import Statement, drive, drive_async
-from fleetcron.stores.redis.operations import RedisOperations, _namespace_pattern, lease_key
+from fleetcron.stores.redis.keys import lease_key, namespace_pattern
+from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.redis.statements import KeyScan, Script, fan_out
 from fleetcron.stores.rows import LEASES, RUNS
@@ -368,7 +369,7 @@ def test_redis_list_scans_the_namespace_then_reads_every_key_in_one_batch() -> N
     assert [r.name for r in listed] == ["alpha", "zeta"]
     assert [r.holder for r in listed] == ["h2", "h1"]
     assert execute.statements == [
-        KeyScan(_namespace_pattern("ns")),
+        KeyScan(namespace_pattern("ns")),
         fan_out("lease_get", tuple(keys), ()),
     ]
 
@@ -400,7 +401,7 @@ def test_every_redis_statement_is_a_script_or_a_scan() -> None:
 def test_redis_keys_are_hash_tagged_and_unambiguous() -> None:
     assert lease_key("ns", "job") == "fleetcron:{2:ns:job}"
     assert lease_key("a", "b:c") != lease_key("a:b", "c")
-    assert _namespace_pattern("a*b?[c]") == "fleetcron:{7:a\\*b\\?\\[c\\]:*"
+    assert namespace_pattern("a*b?[c]") == "fleetcron:{7:a\\*b\\?\\[c\\]:*"
 
 
 # -- the runners -----------------------------------------------------------------------

@@ -16,14 +16,14 @@ from redis.crc import key_slot
 from fleetcron.queue_models import CheckpointRecord
 from fleetcron.stores.base import CheckpointOperations, drive
 from fleetcron.stores.redis.checkpoints import CHECKPOINT_PREFIX, checkpoint_key
-from fleetcron.stores.redis.operations import (
-    RedisOperations,
-    _is_lease_key,
-    _jobs_pattern,
-    _namespace_pattern,
-    _slots_pattern,
+from fleetcron.stores.redis.keys import (
+    is_lease_key,
+    jobs_pattern,
     lease_key,
+    namespace_pattern,
+    slots_pattern,
 )
+from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.queue import _queues_pattern
 from fleetcron.stores.redis.scripts import SCRIPT_BLOCKS, SCRIPTS
 from fleetcron.stores.redis.statements import KeyScan, Script, fan_out
@@ -72,24 +72,24 @@ def test_the_key_is_under_its_own_hash_tag_and_never_looks_like_a_lease(
     assert key.startswith(tag)
     assert key_slot(key.encode()) == key_slot(tag.encode())
     assert not key.endswith("}")
-    assert not _is_lease_key(key)
+    assert not is_lease_key(key)
 
 
 @pytest.mark.parametrize(("namespace", "name"), TRICKY)
 def test_no_lease_ledger_or_queue_scan_pattern_matches_the_key(namespace: str, name: str) -> None:
     key = checkpoint_key(namespace, name)
-    for pattern in (_jobs_pattern, _slots_pattern, _queues_pattern):
+    for pattern in (jobs_pattern, slots_pattern, _queues_pattern):
         assert not glob_matches(pattern(namespace), key), pattern.__name__
-    # The namespace SCAN of lease_list/lease_prune does find it; _is_lease_key drops it.
-    assert glob_matches(_namespace_pattern(namespace), key)
+    # The namespace SCAN of lease_list/lease_prune does find it; is_lease_key drops it.
+    assert glob_matches(namespace_pattern(namespace), key)
 
 
 def test_the_glob_helper_matches_what_the_patterns_are_meant_to_match() -> None:
     # Guards the negative checks above: a helper matching nothing would pass them all.
-    assert glob_matches(_jobs_pattern("a*b"), lease_key("a*b", "fleetcron:job:x") + ":job")
-    assert glob_matches(_slots_pattern("n[s]?"), lease_key("n[s]?", "fleetcron:job:x") + ":slots")
+    assert glob_matches(jobs_pattern("a*b"), lease_key("a*b", "fleetcron:job:x") + ":job")
+    assert glob_matches(slots_pattern("n[s]?"), lease_key("n[s]?", "fleetcron:job:x") + ":slots")
     assert glob_matches(_queues_pattern("☃"), lease_key("☃", "fleetcron:queue:q") + ":ids")
-    assert not glob_matches(_jobs_pattern("a*b"), lease_key("a-b", "fleetcron:job:x") + ":job")
+    assert not glob_matches(jobs_pattern("a*b"), lease_key("a-b", "fleetcron:job:x") + ":job")
 
 
 def test_the_keys_of_distinct_checkpoints_are_distinct() -> None:
@@ -108,9 +108,9 @@ def test_lease_listing_and_pruning_skip_checkpoint_keys() -> None:
     drive(REDIS.lease_prune(NS, 1, True), execute)
 
     assert execute.statements == [
-        KeyScan(_namespace_pattern(NS)),
+        KeyScan(namespace_pattern(NS)),
         fan_out("lease_get", (lease,)),
-        KeyScan(_namespace_pattern(NS)),
+        KeyScan(namespace_pattern(NS)),
         fan_out("lease_prune", (lease,), (1, 1)),
     ]
 

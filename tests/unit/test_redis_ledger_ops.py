@@ -18,16 +18,16 @@ from redis.crc import key_slot
 from fleetcron.models import JobRecord, RunOutcome, RunRecord, SlotClaim, job_lease_name
 from fleetcron.stores.base import drive
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, OUTPUT_LIMIT
-from fleetcron.stores.redis.operations import (
-    RedisOperations,
-    _jobs_pattern,
-    _namespace_pattern,
-    _slots_pattern,
+from fleetcron.stores.redis.keys import (
     job_key,
+    jobs_pattern,
     lease_key,
+    namespace_pattern,
     run_key,
     slots_key,
+    slots_pattern,
 )
+from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import REPLY_ROWS, SCRIPT_BLOCKS, SCRIPTS
 from fleetcron.stores.redis.statements import KeyScan, Script, ScriptCalls, fan_out
 from fleetcron.stores.redis.store import RedisStore
@@ -147,7 +147,7 @@ def test_key_layout_is_the_documented_one() -> None:
 
 
 def test_the_job_scan_pattern_matches_job_rows_only() -> None:
-    pattern = _jobs_pattern("a*b")
+    pattern = jobs_pattern("a*b")
     assert pattern == "fleetcron:{3:a\\*b:fleetcron:job:*}:job"
 
     def matches(key: str) -> bool:  # Redis glob: \\x is a literal x, * anything
@@ -393,7 +393,7 @@ def test_list_of_every_job_scans_slot_indexes_then_merges_newest_slot_first() ->
 
     assert [(run.job, run.slot_us) for run in listed] == [("a", 5), ("b", 5), ("a", 4), ("b", 3)]
     assert execute.statements == [
-        KeyScan(_slots_pattern(NS)),
+        KeyScan(slots_pattern(NS)),
         fan_out("run_list", (slots_key(NS, "b"), slots_key(NS, "a")), (4,)),
     ]
 
@@ -423,7 +423,7 @@ def test_prune_scans_slot_indexes_then_prunes_each_job_and_adds_up() -> None:
     execute = FakeExecute(jobs, [2, 0])
 
     assert drive(REDIS.run_prune(NS, 10, 3_600_000_000), execute) == 2
-    assert execute.statements[0] == KeyScan(_slots_pattern(NS))
+    assert execute.statements[0] == KeyScan(slots_pattern(NS))
     assert execute.statements[1] == fan_out(
         "run_prune", (slots_key(NS, "a"), slots_key(NS, "b")), (10, 3_600_000_000)
     )
@@ -479,7 +479,7 @@ def test_job_get_and_list() -> None:
         ("backup", False, 1_000),
     ]
     assert execute.statements[2:] == [
-        KeyScan(_jobs_pattern(NS)),
+        KeyScan(jobs_pattern(NS)),
         fan_out("job_get", (JOB, job_key(NS, "alpha")), ()),
     ]
 
@@ -498,7 +498,7 @@ def test_lease_listing_skips_the_ledger_keys_of_the_namespace() -> None:
     drive(REDIS.lease_list(NS), execute)
     drive(REDIS.lease_prune(NS, 1, True), execute)
 
-    assert execute.statements[0] == KeyScan(_namespace_pattern(NS))
+    assert execute.statements[0] == KeyScan(namespace_pattern(NS))
     leases = (LEASE, lease_key(NS, "other"))
     assert execute.statements[1] == fan_out("lease_get", leases)
     assert execute.statements[3] == fan_out("lease_prune", leases, (1, 1))

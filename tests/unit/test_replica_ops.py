@@ -9,12 +9,8 @@ from redis.crc import key_slot
 
 from fleetcron.models import ReplicaInfo, ReplicaRecord
 from fleetcron.stores.base import REPLICA_PRUNE_LIMIT, drive
-from fleetcron.stores.redis.operations import (
-    RedisOperations,
-    _jobs_pattern,
-    replica_index_key,
-    replica_key,
-)
+from fleetcron.stores.redis.keys import jobs_pattern, replica_index_key, replica_key
+from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import SCRIPTS
 from fleetcron.stores.redis.statements import Script
 from fleetcron.stores.rows import REPLICAS
@@ -144,5 +140,5 @@ def test_a_namespaces_replica_keys_share_one_hash_tag_and_are_no_lease_or_job_ke
     assert index.endswith(":index")
     assert row.startswith(index.removesuffix(":index"))
     assert not index.endswith("}")
-    assert not _jobs_pattern(namespace).endswith(":index")
+    assert not jobs_pattern(namespace).endswith(":index")
     assert replica_index_key(namespace) != replica_index_key(f"{namespace}-other")

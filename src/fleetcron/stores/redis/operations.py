@@ -86,8 +86,20 @@ from fleetcron.models import (
 from fleetcron.stores.base import REPLICA_PRUNE_LIMIT, Operation, as_text
 from fleetcron.stores.ledger import LOST_ERROR, MISSED_ERROR, backfill_slots, stored_text
 from fleetcron.stores.redis.checkpoints import RedisCheckpoints
-from fleetcron.stores.redis.keys import glob_escape as _glob_escape
-from fleetcron.stores.redis.keys import lease_key
+from fleetcron.stores.redis.keys import (
+    all_jobs_pattern,
+    is_lease_key,
+    job_key,
+    job_namespace,
+    jobs_pattern,
+    lease_key,
+    namespace_pattern,
+    replica_index_key,
+    replica_key,
+    run_key,
+    slots_key,
+    slots_pattern,
+)
 from fleetcron.stores.redis.queue import RedisQueue
 from fleetcron.stores.redis.replies import (
     acquired_of,
@@ -100,77 +112,7 @@ from fleetcron.stores.redis.replies import (
 )
 from fleetcron.stores.redis.statements import KeyScan, Script, ScriptArg, ScriptCalls, fan_out
 
-__all__ = [
-    "RedisOperations",
-    "job_key",
-    "lease_key",
-    "replica_index_key",
-    "replica_key",
-    "run_key",
-    "slots_key",
-]
-
-
-def _namespace_pattern(namespace: str) -> str:
-    return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:*"
-
-
-def _job_base(namespace: str, job: str) -> str:
-    return lease_key(namespace, job_lease_name(job))
-
-
-def job_key(namespace: str, job: str) -> str:
-    """The job row: under the hash tag of the job's lease."""
-    return _job_base(namespace, job) + ":job"
-
-
-def run_key(namespace: str, job: str, slot_us: int) -> str:
-    """The run row of one slot: under the hash tag of the job's lease."""
-    return f"{_job_base(namespace, job)}:run:{slot_us}"
-
-
-def slots_key(namespace: str, job: str) -> str:
-    """The sorted set of a job's slots (score = slot_us): under the job lease's hash tag."""
-    return _job_base(namespace, job) + ":slots"
-
-
-def replica_index_key(namespace: str) -> str:
-    """The sorted set of a namespace's replicas (score = ``expires_us``)."""
-    return lease_key(namespace, "fleetcron:replicas") + ":index"
-
-
-def replica_key(namespace: str, replica_id: str) -> str:
-    """One replica's heartbeat hash: under the hash tag of its namespace's index."""
-    return f"{lease_key(namespace, 'fleetcron:replicas')}:replica:{replica_id}"
-
-
-def _jobs_pattern(namespace: str) -> str:
-    """SCAN pattern of every job row of ``namespace`` (never a lease key: those end with
-    ``}``; never a run row or slot index: their suffix differs)."""
-    prefix = _glob_escape(job_lease_name(""))
-    return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:{prefix}*}}:job"
-
-
-def _job_namespace(key: str) -> str | None:
-    """The namespace of a job row's key (see :func:`job_key`), ``None`` for another key:
-    the length prefix says where the namespace ends, whatever characters it holds."""
-    length, colon, rest = key.removeprefix("fleetcron:{").partition(":")
-    if not colon or not length.isdigit() or not key.endswith("}:job"):
-        return None
-    namespace, tail = rest[: int(length)], rest[int(length) :]
-    return namespace if tail.startswith(":" + job_lease_name("")) else None
-
-
-def _slots_pattern(namespace: str) -> str:
-    """SCAN pattern of every slot index of ``namespace``: the jobs that have runs, whether
-    or not their job row still exists (``job_delete`` keeps the runs it does not own)."""
-    prefix = _glob_escape(job_lease_name(""))
-    return f"fleetcron:{{{len(namespace)}:{_glob_escape(namespace)}:{prefix}*}}:slots"
-
-
-def _is_lease_key(key: str) -> bool:
-    """Lease keys end with the closing brace of their hash tag; ledger keys never do."""
-    return key.endswith("}")
+__all__ = ["RedisOperations"]
 
 
 def _opt(value: object) -> str:
@@ -239,8 +181,8 @@ class _RedisLeases:
         return lease_of(namespace, reply)
 
     def lease_list(self, namespace: str) -> Operation[list[LeaseRecord]]:
-        keys = yield KeyScan(_namespace_pattern(namespace))
-        keys = [key for key in keys if _is_lease_key(key)]
+        keys = yield KeyScan(namespace_pattern(namespace))
+        keys = [key for key in keys if is_lease_key(key)]
         replies = yield fan_out("lease_get", tuple(keys), ())
         records = [r for r in (lease_of(namespace, reply) for reply in replies) if r]
         return sorted(records, key=lambda record: record.name)
@@ -248,8 +190,8 @@ class _RedisLeases:
     def lease_prune(
         self, namespace: str, older_than_us: int, dry_run: bool
     ) -> Operation[list[str]]:
-        keys = yield KeyScan(_namespace_pattern(namespace))
-        keys = [key for key in keys if _is_lease_key(key)]
+        keys = yield KeyScan(namespace_pattern(namespace))
+        keys = [key for key in keys if is_lease_key(key)]
         replies = yield fan_out("lease_prune", tuple(keys), (older_than_us, 1 if dry_run else 0))
         return sorted(as_text(reply) for reply in replies if reply)
 
@@ -403,7 +345,7 @@ class _RedisLedger:
         if job is not None:
             reply = yield Script("run_list", (slots_key(namespace, job),), (limit,))
             return runs_of(namespace, reply)
-        keys = yield KeyScan(_slots_pattern(namespace))
+        keys = yield KeyScan(slots_pattern(namespace))
         replies = yield fan_out("run_list", tuple(keys), (limit,))
         rows = runs_of(namespace, chain.from_iterable(replies))
         rows.sort(key=lambda run: (-run.slot_us, run.job))
@@ -437,7 +379,7 @@ class _RedisLedger:
         if limit <= 0 or (jobs is not None and not jobs):
             return []
         if jobs is None:
-            found = yield KeyScan(_slots_pattern(namespace))
+            found = yield KeyScan(slots_pattern(namespace))
             slot_keys = tuple(found)
         else:  # the named jobs' slot indexes: no scan
             slot_keys = tuple(slots_key(namespace, job) for job in jobs)
@@ -447,7 +389,7 @@ class _RedisLedger:
         return rows[:limit]
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:
-        keys = yield KeyScan(_slots_pattern(namespace))
+        keys = yield KeyScan(slots_pattern(namespace))
         replies = yield fan_out("run_prune", tuple(keys), (max(keep, 0), older_than_us))
         return sum(int(reply) for reply in replies)
 
@@ -512,15 +454,14 @@ class _RedisLedger:
         return job_of(namespace, reply)
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
-        keys = yield KeyScan(_jobs_pattern(namespace))
+        keys = yield KeyScan(jobs_pattern(namespace))
         replies = yield fan_out("job_get", tuple(keys), ())
         jobs = [job for job in (job_of(namespace, reply) for reply in replies) if job]
         return sorted(jobs, key=lambda row: row.job)
 
     def job_namespaces(self) -> Operation[list[str]]:
-        prefix = _glob_escape(job_lease_name(""))
-        keys = yield KeyScan(f"fleetcron:{{*:{prefix}*}}:job")
-        found = (_job_namespace(key) for key in keys)
+        keys = yield KeyScan(all_jobs_pattern())
+        found = (job_namespace(key) for key in keys)
         return sorted({namespace for namespace in found if namespace is not None})
 
 
