@@ -19,7 +19,8 @@ from fleetcron.errors import StoreError
 from fleetcron.health import JobHealth
 from fleetcron.models import ClaimResult
 from fleetcron.queue_models import QueueStats
-from fleetcron.stores.base import AsyncStore, Capability, Operation, Operations
+from fleetcron.stores.base import AsyncStore, Operation
+from fleetcron.stores.wrapped import WrappedStore
 
 if TYPE_CHECKING:
     from fleetcron.status import FleetStatus
@@ -192,24 +193,12 @@ class Metrics:
                 self.last_success.labels(job.job).set(job.last_success_us / 1e6)
 
 
-class InstrumentedStore:
+class InstrumentedStore(WrappedStore):
     """An :class:`AsyncStore` that times each operation and counts its failures."""
 
     def __init__(self, store: AsyncStore, metrics: Metrics) -> None:
-        self._store = store
+        super().__init__(store)
         self._metrics = metrics
-
-    @property
-    def url(self) -> str:
-        return self._store.url
-
-    @property
-    def capabilities(self) -> Capability:
-        return self._store.capabilities
-
-    @property
-    def ops(self) -> Operations:
-        return self._store.ops
 
     async def run(self, operation: Operation[T]) -> T:
         name = getattr(operation, "__name__", "operation")
@@ -221,9 +210,3 @@ class InstrumentedStore:
             raise
         finally:
             self._metrics.store_seconds.labels(name).observe(time.perf_counter() - started)
-
-    async def migrate(self) -> list[str]:
-        return await self._store.migrate()
-
-    async def close(self) -> None:
-        await self._store.close()

@@ -19,34 +19,23 @@ from typing import TypeVar
 
 from fleetcron._log import log
 from fleetcron.errors import StoreReplaced
-from fleetcron.stores.base import AsyncStore, Capability, Operation, Operations
+from fleetcron.stores.base import AsyncStore, Operation
+from fleetcron.stores.wrapped import WrappedStore
 
 __all__ = ["ReplacedWatch"]
 
 T = TypeVar("T")
 
 
-class ReplacedWatch:
+class ReplacedWatch(WrappedStore):
     """An :class:`~fleetcron.stores.base.AsyncStore` that passes every operation on to
     ``store`` and notices the first :class:`~fleetcron.errors.StoreReplaced`: logs it,
     keeps it in :attr:`error` and calls ``on_replaced`` (once)."""
 
     def __init__(self, store: AsyncStore, on_replaced: Callable[[], None]) -> None:
-        self._store = store
+        super().__init__(store)
         self._on_replaced = on_replaced
         self.error: StoreReplaced | None = None
-
-    @property
-    def url(self) -> str:
-        return self._store.url
-
-    @property
-    def capabilities(self) -> Capability:
-        return self._store.capabilities
-
-    @property
-    def ops(self) -> Operations:
-        return self._store.ops
 
     async def run(self, operation: Operation[T]) -> T:
         try:
@@ -54,12 +43,6 @@ class ReplacedWatch:
         except StoreReplaced as exc:
             self._noticed(exc)
             raise
-
-    async def migrate(self) -> list[str]:
-        return await self._store.migrate()
-
-    async def close(self) -> None:
-        await self._store.close()
 
     def _noticed(self, error: StoreReplaced) -> None:
         if self.error is not None:
