@@ -450,6 +450,12 @@ def _in_daemon_thread(function: Callable[[RunContext], object], ctx: RunContext)
     return future
 
 
+def _retrieve(work: asyncio.Future[Any]) -> None:
+    """Read how ``work`` ended, so that an exception nobody awaits is not logged."""
+    if not work.cancelled():
+        work.exception()
+
+
 async def _run_call(
     target: CallTarget, ctx: RunContext, cancellation: Cancellation, stop: StopPolicy
 ) -> Execution:
@@ -485,6 +491,9 @@ async def _run_call(
         left_s = max(0.0, ((points.kill_at or 0) - stop.clock.monotonic_us()) / 1e6)
         await asyncio.wait({work}, timeout=left_s)
         if not work.done():
+            # Its end is the caller's to report (Execution.abandoned); the exception it
+            # ends with is read here, or asyncio logs "exception was never retrieved".
+            work.add_done_callback(_retrieve)
             return Execution(
                 RunOutcome(
                     state="failed" if reason == "timeout" else "cancelled",
