@@ -423,16 +423,30 @@ class _DaemonThreads:
 _THREADS = _DaemonThreads()
 
 
+class _ThreadResult(asyncio.Future[object]):
+    """The future of a function run in a daemon thread.
+
+    ``abandoned`` is set once the run gave up on the thread: the exception it may still
+    end with is then read as it is set, or asyncio logs "exception was never retrieved"
+    when the future is collected (a done callback would not do: the loop may close
+    between the exception and the callback, as it does at the end of ``asyncio.run``).
+    """
+
+    abandoned = False
+
+
 def _in_daemon_thread(function: Callable[[RunContext], object], ctx: RunContext) -> Any:
     """Run ``function(ctx)`` in a daemon thread; a future of its result."""
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[object] = loop.create_future()
+    future = _ThreadResult(loop=loop)
 
     def settle(result: object, error: BaseException | None) -> None:
         if future.done():
             return
         if error is not None:
             future.set_exception(error)
+            if future.abandoned:
+                future.exception()
         else:
             future.set_result(result)
 
@@ -493,7 +507,10 @@ async def _run_call(
         if not work.done():
             # Its end is the caller's to report (Execution.abandoned); the exception it
             # ends with is read here, or asyncio logs "exception was never retrieved".
-            work.add_done_callback(_retrieve)
+            if isinstance(work, _ThreadResult):
+                work.abandoned = True
+            else:
+                work.add_done_callback(_retrieve)
             return Execution(
                 RunOutcome(
                     state="failed" if reason == "timeout" else "cancelled",
@@ -503,6 +520,8 @@ async def _run_call(
                 abandoned=work,
             )
     if cancellation.reason is not None and (work.cancelled() or ctx.cancelled):
+        if not work.cancelled():
+            work.exception()  # its RunCancelled is the outcome below; read, or asyncio logs it
         return Execution(_outcome_for_cancel(cancellation.reason, None, None))
     if work.cancelled():
         return Execution(RunOutcome(state="cancelled", error="cancelled"))

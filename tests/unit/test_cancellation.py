@@ -8,6 +8,7 @@ child process's heartbeats and the lease's expiry in the store are on one clock.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import threading
@@ -199,6 +200,30 @@ async def test_raise_if_cancelled_ends_a_sync_run_that_checks_it() -> None:
     )
     row = next(r for r in ledger(store, "careful") if r.state == "failed")
     assert row.error == "timed out", row  # ended in time: not abandoned
+
+
+async def test_the_run_cancelled_a_sync_run_ends_with_is_read_not_logged_as_never_retrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    ended = threading.Event()
+
+    def careful(ctx: RunContext) -> None:
+        try:
+            while True:
+                ctx.raise_if_cancelled()
+                time.sleep(0.01)
+        finally:
+            ended.set()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        await run_until(
+            store,
+            [spec("careful", careful, timeout="100ms")],
+            lambda: ended.is_set() and any(r.state == "failed" for r in ledger(store, "careful")),
+        )
+        gc.collect()  # the future of the run is freed: asyncio logs it then if unread
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
 
 
 def test_run_cancelled_carries_the_reason() -> None:
