@@ -28,6 +28,15 @@ from fleetcron.errors import (
 from fleetcron.stores.base import Capability, connect_error, opened
 from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.postgres_operations import PostgresOperations, batch_transactions
+from fleetcron.stores.sql.replication import (
+    REPLICATION_QUERY,
+    ReplicationFacts,
+    ReplicationUnknown,
+    UnreplicatedCommits,
+    multi_host,
+    replication_facts,
+    session_defaults,
+)
 from fleetcron.stores.sql.runner import (
     AsyncSqlStore,
     SqlSyncStore,
@@ -114,6 +123,7 @@ def _connect_kwargs(url: StoreURL) -> dict[str, Any]:
         "keepalives_idle": 10,
         "keepalives_interval": 5,
         "keepalives_count": 3,
+        **session_defaults(url),
     }
 
 
@@ -127,8 +137,12 @@ _REFUSED_TEXT = re.compile(
 )
 
 
-def translate(exc: BaseException) -> FleetcronError | None:
-    """Map a psycopg exception to fleetcron's hierarchy."""
+def translate(exc: BaseException, *, multi_host: bool = False) -> FleetcronError | None:
+    """Map a psycopg exception to fleetcron's hierarchy. With several hosts in the URL a
+    read-only server (25006) is one demoted by a failover, not a wrong URL: unavailable,
+    so that the next statement connects again and finds the new primary."""
+    if multi_host and isinstance(exc, psycopg.Error) and exc.sqlstate == "25006":
+        return store_error(StoreUnavailable, exc)
     if isinstance(exc, pg_errors.UndefinedTable):
         return store_error(SchemaError, exc, "schema missing: ")
     if isinstance(exc, psycopg.Error) and (
@@ -264,6 +278,8 @@ class PostgresStore(SqlSyncStore):
         check_conninfo(url)
         self._cursor: Any = None
         self._read_committed = False  # the connection's default isolation
+        self._multi_host = multi_host(url)
+        self._unreplicated = UnreplicatedCommits()
         super().__init__(url, auto_migrate=auto_migrate)
 
     def _operations(self) -> PostgresOperations:
@@ -277,12 +293,16 @@ class PostgresStore(SqlSyncStore):
             conn.close()
             raise
         self._read_committed = row is not None and row[0] == "read committed"
+        conn.add_notice_handler(self._unreplicated.notice)
         return conn
 
     def _guarded(self, work: Callable[[Any], R]) -> R:
         def bounded(conn: Any) -> R:
             fd = conn.pgconn.socket
+            self._unreplicated.forget()
             try:
+                # The deadline bounds a commit waiting for a synchronous standby too, which
+                # statement_timeout does not (it is off by then).
                 with deadline(fd, self._url.timeout_s) as limit:
                     result = work(conn)
             except psycopg.Error as exc:
@@ -292,6 +312,7 @@ class PostgresStore(SqlSyncStore):
             if limit.expired:
                 # Cut just after the reply came: the result stands, the socket does not.
                 self._discard()
+            self._unreplicated.check(self._url)
             return result
 
         return super()._guarded(bounded)
@@ -346,27 +367,44 @@ class PostgresStore(SqlSyncStore):
                     cur.close()
 
     def _translate(self, exc: BaseException) -> FleetcronError | None:
-        return translate(exc)
+        return translate(exc, multi_host=self._multi_host)
 
-    def doctor_facts(self) -> tuple[PoolingFacts | PoolingUnknown]:
+    def doctor_facts(
+        self,
+    ) -> tuple[PoolingFacts | PoolingUnknown, ReplicationFacts | ReplicationUnknown]:
         """What ``fleetcron doctor`` judges of this connection: whether a pooler stands
-        before the server, and in which mode (:mod:`fleetcron.stores.sql.pooling`). A probe
-        refused for a reason other than an outage (too many clients) is said as unknown."""
+        before the server, and in which mode (:mod:`fleetcron.stores.sql.pooling`); the
+        replication mode (:mod:`fleetcron.stores.sql.replication`). A probe refused for a
+        reason other than an outage (too many clients) is said as unknown."""
         from fleetcron.stores.sql.pooling import PoolingFacts, PoolingUnknown
 
+        pooling: PoolingFacts | PoolingUnknown
         try:
             probe = self.backend_pids()
         except StoreUnavailable:
             raise
         except StoreError as exc:
-            return (PoolingUnknown(exc.message),)
-        return (
-            PoolingFacts(
+            pooling = PoolingUnknown(exc.message)
+        else:
+            pooling = PoolingFacts(
                 first=tuple((pid.announced, pid.reported) for pid in probe.first),
                 second=tuple((pid.announced, pid.reported) for pid in probe.second),
                 prepares=probe.prepare_threshold is not None,
-            ),
-        )
+            )
+        return pooling, self.replication()
+
+    def replication(self) -> ReplicationFacts | ReplicationUnknown:
+        """The replication mode of the server this store writes to (for ``fleetcron
+        doctor``). Changes nothing."""
+        try:
+            row = self._guarded(
+                lambda conn: conn.execute(REPLICATION_QUERY, prepare=False).fetchone()
+            )
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            return ReplicationUnknown(exc.message)
+        return replication_facts(tuple(row), multi=self._multi_host)
 
     def backend_pids(self, statements: int = 3) -> PoolerProbe:
         """Whether a connection pooler stands between this store and PostgreSQL, and
@@ -406,7 +444,7 @@ class PostgresStore(SqlSyncStore):
                     )
                     applied.append(migration.name)
         except psycopg.Error as exc:
-            error = translate(exc)
+            error = self._translate(exc)
             assert error is not None
             raise error from exc
         return applied
@@ -422,6 +460,8 @@ class AsyncPostgresStore(AsyncSqlStore):
     def __init__(self, url: StoreURL) -> None:
         check_conninfo(url)
         self._read_committed = False  # the connection's default isolation
+        self._multi_host = multi_host(url)
+        self._unreplicated = UnreplicatedCommits()
         super().__init__(url, PostgresOperations())
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
@@ -430,17 +470,21 @@ class AsyncPostgresStore(AsyncSqlStore):
                 self._url.driver_url, **_connect_kwargs(self._url)
             )
         except psycopg.Error as exc:
-            raise connect_error(self.url, translate(exc)) from exc
+            raise connect_error(self.url, self._translate(exc)) from exc
         try:
             row = await (await conn.execute(_DEFAULT_ISOLATION, prepare=False)).fetchone()
         except psycopg.Error as exc:
             await self._close(conn)
-            raise connect_error(self.url, translate(exc)) from exc
+            raise connect_error(self.url, self._translate(exc)) from exc
         except BaseException:
             await self._close(conn)
             raise
         self._read_committed = row is not None and row[0] == "read committed"
+        conn.add_notice_handler(self._unreplicated.notice)
         return conn
+
+    def _translate(self, exc: BaseException) -> FleetcronError | None:
+        return translate(exc, multi_host=self._multi_host)
 
     async def _close(self, conn: Any) -> None:
         with contextlib.suppress(psycopg.Error):
@@ -456,13 +500,14 @@ class AsyncPostgresStore(AsyncSqlStore):
         """Run ``work`` under the read timeout's watchdog, translating driver errors; a
         connection cut or broken is dropped (the next statement reconnects)."""
         limit: Deadline | None = None
+        self._unreplicated.forget()
         try:
             limit = deadline(conn.pgconn.socket, self._url.timeout_s)
-            with limit:
+            with limit:  # a commit waiting for a synchronous standby too
                 result = await work()
         except psycopg.Error as exc:
             expired = limit is not None and limit.expired
-            error = timed_out(self._url) if expired else translate(exc)
+            error = timed_out(self._url) if expired else self._translate(exc)
             assert error is not None
             if isinstance(error, StoreUnavailable):
                 await self._drop_connection()
@@ -472,6 +517,11 @@ class AsyncPostgresStore(AsyncSqlStore):
         if limit.expired:  # set: the block ran
             # Cut just after the reply came: the result stands, the socket does not.
             await self._drop_connection()
+        try:
+            self._unreplicated.check(self._url)
+        except StoreUnavailable:
+            await self._drop_connection()
+            raise
         return result
 
     async def _execute_text(self, sql: str, params: dict[str, object]) -> SqlResult:

@@ -59,16 +59,17 @@ SELECT l.name FROM fleetcron_lease AS l, now
  WHERE l.namespace = %(namespace)s
    AND l.expires_at < now.t - %(older_than_us)s * interval '1 microsecond'
    AND l.min_until < now.t - %(older_than_us)s * interval '1 microsecond'
-   AND l.fence < (extract(epoch FROM now.t) * 1000000)::bigint;
+   AND l.fence < (extract(epoch FROM now.t) * 1000000)::bigint + fleetcron_timeline_offset_us();
 
 -- name: lease_prune
--- The fence condition keeps a re-created row's fence (the clock) above the deleted one.
+-- The fence condition keeps a re-created row's fence (the clock, with the timeline's offset:
+-- migration 16) above the deleted one.
 WITH now AS (SELECT clock_timestamp() AS t)
 DELETE FROM fleetcron_lease AS l USING now
  WHERE l.namespace = %(namespace)s
    AND l.expires_at < now.t - %(older_than_us)s * interval '1 microsecond'
    AND l.min_until < now.t - %(older_than_us)s * interval '1 microsecond'
-   AND l.fence < (extract(epoch FROM now.t) * 1000000)::bigint
+   AND l.fence < (extract(epoch FROM now.t) * 1000000)::bigint + fleetcron_timeline_offset_us()
 RETURNING l.name;
 
 -- name: schema_init

@@ -14,6 +14,22 @@ CREATE TABLE IF NOT EXISTS fleetcron_lease (
     PRIMARY KEY (namespace, name)
 );
 
+-- fleetcron_timeline_offset_us: what a fence adds to the clock, (timeline - 1) × 2^40 µs
+-- (12.7 days per promotion). A standby promoted to primary starts a new WAL timeline, one
+-- above the highest it knows; after an asynchronous failover it may have lost fences the
+-- old primary issued, and its clock may be behind the old primary's: with the offset every
+-- fence it issues is still above every fence of the timelines before, unless its clock is
+-- 12.7 days behind. The timeline is read from the name of the current WAL file (its first 8
+-- hex digits), which any role may read; on a standby (in recovery) there is no write, and
+-- the offset is 0.
+CREATE OR REPLACE FUNCTION fleetcron_timeline_offset_us() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN pg_is_in_recovery() THEN 0::bigint
+           ELSE (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer
+                 - 1)::bigint << 40
+           END
+$$;
+
 -- lease_acquire: insert the row, or take it over when it has expired at the server's
 -- clock, read once. Under READ COMMITTED a concurrent acquirer waits for the row lock and
 -- re-evaluates the condition on the winner's row, so exactly one wins. The fence folds in
@@ -28,7 +44,8 @@ BEGIN
     RETURN QUERY
     INSERT INTO fleetcron_lease AS l
         (namespace, name, holder, fence, acquired_at, expires_at, min_until)
-    VALUES (p_namespace, p_name, p_holder, (extract(epoch FROM v_t) * 1000000)::bigint, v_t,
+    VALUES (p_namespace, p_name, p_holder,
+            (extract(epoch FROM v_t) * 1000000)::bigint + fleetcron_timeline_offset_us(), v_t,
             v_t + p_ttl_us * interval '1 microsecond',
             v_t + p_least_us * interval '1 microsecond')
     ON CONFLICT (namespace, name) DO UPDATE
@@ -705,7 +722,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    v_fence := greatest(v_lease.fence + 1, v_now);
+    v_fence := greatest(v_lease.fence + 1, v_now + fleetcron_timeline_offset_us());
     -- 6. The run row (a final row recorded since the read above wins: nothing changes).
     IF v_has_run THEN
         UPDATE fleetcron_run AS r
@@ -921,7 +938,8 @@ CREATE OR REPLACE FUNCTION fleetcron_queue_claim(
 ) LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     RETURN QUERY
-    WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us),
+    WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us,
+                        fleetcron_timeline_offset_us() AS fence_offset_us),
     picked AS (
         SELECT i.id, i.available_us AS was,
                i.state = 'claimed' AND i.attempts >= i.max_attempts AS dies
@@ -942,7 +960,7 @@ BEGIN
     delivered AS (
         UPDATE fleetcron_queue_item AS i
            SET state = 'claimed', attempts = i.attempts + 1,
-               fence = greatest(i.fence + 1, now.us), holder = p_holder,
+               fence = greatest(i.fence + 1, now.us + now.fence_offset_us), holder = p_holder,
                available_us = now.us + p_visibility_us
           FROM picked, now
          WHERE i.id = picked.id AND NOT picked.dies
