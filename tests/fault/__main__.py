@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"faults={result.faults} events={result.events} slots={result.slots}"
                 + (f" stale_rejected={result.report.rejected}" if result.report else "")
                 + "".join(f" allowed:{kind}={n}" for kind, n in sorted(result.allowed().items()))
+                + "".join(f" {name}={value}" for name, value in result.figures.items())
                 + "\n"
             )
             if not result.ok:

@@ -135,6 +135,9 @@ class Run:
     proxies: list[Any] = field(default_factory=list)
     samples: list[ClockSample] = field(default_factory=list)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    """What a scenario measured beside the checker's verdict (e.g. the acknowledged writes
+    a failover lost), reported with its result."""
 
     @property
     def protected(self) -> Path:
@@ -433,7 +436,9 @@ class Scenario:
     """A named fault scenario: ``body(run)`` drives processes and faults; the checker
     judges the histories afterwards. ``needs`` says what the body needs from the store:
     ``"shared"`` (the machine's service, a fresh namespace), ``"owned"`` (a server of
-    its own, which the body may restart or pause)."""
+    its own, which the body may restart or pause), ``"pair"`` (PostgreSQL only: a
+    :class:`~fault.pg_pair.PostgresPair` of its own, primary and streaming standby, which
+    the body may fail over; ``run.url`` names both)."""
 
     name: str
     summary: str
@@ -461,6 +466,8 @@ class RunResult:
     error: str | None = None
     events: int = 0
     slots: int = 0
+    figures: dict[str, Any] = field(default_factory=dict)
+    """The scenario's own figures (:attr:`Run.figures`)."""
 
     @property
     def ok(self) -> bool:
@@ -483,6 +490,7 @@ class RunResult:
             "rejected": self.report.rejected if self.report else 0,
             "signs": self.report.signs if self.report else 0,
             "error": self.error,
+            "figures": self.figures,
         }
 
     def allowed(self) -> Counter[str]:
@@ -505,6 +513,12 @@ def _store_for(
     from fault.clock import SteppableClock
 
     options = dict(scenario.server_options.get(backend, {}))
+    if scenario.needs == "pair":
+        from fault.pg_pair import PostgresPair
+
+        pair = PostgresPair(tmp / "pg", **options)
+        stack.callback(pair.close)
+        return pair.url, pair, None
     clock = None
     if scenario.store_clock:
         clock = SteppableClock(0)
@@ -579,4 +593,5 @@ def run_scenario(scenario: Scenario, backend: str, *, keep: Path | None = None) 
             error=error,
             events=len(events),
             slots=len(ledger),
+            figures=run.figures,
         )
