@@ -1,0 +1,237 @@
+"""fleetcron on PostgreSQL deployments built for failover, beside one server: the lock cycle
+and the scheduler, through a primary with a synchronous standby and with an asynchronous one.
+
+Run from the project root::
+
+    .venv/bin/python bench/ha.py                       # about 4 minutes
+    .venv/bin/python bench/ha.py --cycles 300 --rounds 3 --scheduler 200x4   # smoke run
+
+Method: three deployments of PostgreSQL 15 of the bench's own (temporary directories,
+spare loopback ports, ``fsync`` on, the servers of the fault suite: tests/fault/servers.py
+and tests/fault/pg_pair.py), all on this machine:
+
+- ``single``: one server;
+- ``sync``: a primary and a streaming standby named in ``synchronous_standby_names``
+  (``FIRST 1``, ``synchronous_commit = on``): every commit waits for the standby's flush;
+- ``async``: the same pair without ``synchronous_standby_names``.
+
+fleetcron reaches a pair through its multi-host URL (``h1:p1,h2:p2``, which connects to the
+writable server). **Lock cycle** (acquire + release, ``Fleet.try_lock`` without keepalive):
+``--cycles`` timed cycles per deployment in ``--rounds`` interleaved rounds, each round in
+a fresh random order, wall time per cycle. **Scheduler**: ``bench/scheduler.py`` per
+deployment and size (``--scheduler 200x4,1000x8``: jobs × replicas, every job every
+second), one after the other; its summary's runs, slots run twice or never, and lag of a
+run's start behind its slot. Standby and primary share the machine's two cores, so a
+standby's replay competes with the clients: these are figures of one box, not of a
+network.
+
+Results: a markdown table on stdout and ``bench/results/ha.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
+
+from fault.pg_pair import PostgresPair  # noqa: E402
+from fault.servers import PostgresCluster  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "ha.json"
+DEPLOYMENTS = ("single", "sync", "async")
+
+
+@contextlib.contextmanager
+def deployment(kind: str, tmp: Path) -> Iterator[str]:
+    """The fleetcron URL of a running deployment of ``kind``, stopped on exit."""
+    if kind == "single":
+        server = PostgresCluster(tmp / kind)
+        try:
+            yield f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+        finally:
+            server.close()
+        return
+    pair = PostgresPair(tmp / kind, synchronous=kind == "sync")
+    try:
+        assert pair.standby is not None
+        yield (
+            f"postgresql://postgres@127.0.0.1:{pair.primary.port},"
+            f"127.0.0.1:{pair.standby.port}/postgres"
+        )
+    finally:
+        pair.close()
+
+
+def lock_cycles(urls: dict[str, str], cycles: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Wall time of a lock cycle per deployment, interleaved rounds (see the docstring)."""
+    from fleetcron import Fleet
+
+    fleets = {kind: Fleet(url, namespace="bench-ha") for kind, url in urls.items()}
+    times: dict[str, list[float]] = {kind: [] for kind in urls}
+
+    def cycle(fleet: Fleet, name: str) -> None:
+        lease = fleet.try_lock(name, lock_at_most="30s", keepalive=False)
+        if lease is None or not lease.release():
+            raise RuntimeError(f"lock cycle of {name} failed")
+
+    try:
+        for kind, fleet in fleets.items():  # warm-up: connect, prepare
+            for _ in range(50):
+                cycle(fleet, f"ha-{kind}")
+        per_round = max(1, cycles // rounds)
+        for _ in range(rounds):
+            order = list(fleets)
+            random.shuffle(order)
+            for kind in order:
+                fleet = fleets[kind]
+                for _ in range(3):  # the first call after switching is slow on a small VM
+                    cycle(fleet, f"ha-{kind}")
+                gc.disable()
+                try:
+                    for _ in range(per_round):
+                        start = time.perf_counter()
+                        cycle(fleet, f"ha-{kind}")
+                        times[kind].append(time.perf_counter() - start)
+                finally:
+                    gc.enable()
+    finally:
+        for fleet in fleets.values():
+            fleet.close()
+    result = {}
+    for kind, samples in times.items():
+        ordered = sorted(samples)
+        result[kind] = {
+            "cycles": len(ordered),
+            "p50_ms": statistics.median(ordered) * 1e3,
+            "p99_ms": ordered[int(len(ordered) * 0.99) - 1] * 1e3,
+            "mean_ms": statistics.fmean(ordered) * 1e3,
+        }
+    return result
+
+
+def scheduler(url: str, jobs: int, replicas: int, duration: float, tmp: Path) -> dict[str, Any]:
+    """One run of bench/scheduler.py on ``url``: its summary's headline figures."""
+    out = tmp / f"scheduler-{jobs}x{replicas}-{time.monotonic_ns()}.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "scheduler.py"),
+            "--backend",
+            url,
+            "--jobs",
+            str(jobs),
+            "--replicas",
+            str(replicas),
+            "--duration",
+            str(duration),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    summary = json.loads(out.read_text())["summary"]
+    keys = (
+        "slots",
+        "runs",
+        "slots_run_twice",
+        "slots_never_run",
+        "rows_attempt_gt_1",
+        "all_lag_ms_p50",
+        "all_lag_ms_p99",
+    )
+    return {key: summary.get(key) for key in keys}
+
+
+def _table(results: dict[str, Any]) -> str:
+    lines = [
+        "| deployment | lock cycle p50 (ms) | p99 (ms) | × one server |",
+        "|---|---|---|---|",
+    ]
+    locks = results["lock_cycle"]
+    base = (locks.get("single") or next(iter(locks.values())))["p50_ms"]
+    for kind in DEPLOYMENTS:
+        row = locks.get(kind)
+        if row:
+            lines.append(
+                f"| {kind} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | "
+                f"{row['p50_ms'] / base:.2f} |"
+            )
+    lines += [
+        "",
+        "| deployment | jobs × replicas | slots | runs | run twice | never run | lag p50 (ms) "
+        "| lag p99 (ms) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["scheduler"]:
+        s = row["summary"]
+        lines.append(
+            f"| {row['deployment']} | {row['size']} | {s['slots']} | {s['runs']} | "
+            f"{s['slots_run_twice']} | {s['slots_never_run']} | {s['all_lag_ms_p50']:.0f} | "
+            f"{s['all_lag_ms_p99']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _sizes(text: str) -> list[tuple[int, int]]:
+    sizes = []
+    for part in filter(None, text.split(",")):
+        jobs, _, replicas = part.partition("x")
+        sizes.append((int(jobs), int(replicas)))
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--cycles", type=int, default=3000, help="timed lock cycles per deployment")
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds")
+    parser.add_argument(
+        "--scheduler", default="200x4,1000x8", help="jobs×replicas, comma-separated"
+    )
+    parser.add_argument("--duration", type=float, default=20.0, help="scheduler's measured seconds")
+    parser.add_argument("--only", default=",".join(DEPLOYMENTS), help="deployments to run")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
+    args = parser.parse_args(argv)
+    kinds = [kind for kind in DEPLOYMENTS if kind in args.only.split(",")]
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    results: dict[str, Any] = {"lock_cycle": {}, "scheduler": []}
+    with tempfile.TemporaryDirectory(prefix="fleetcron-bench-ha-") as name:
+        tmp = Path(name)
+        with contextlib.ExitStack() as stack:
+            urls = {kind: stack.enter_context(deployment(kind, tmp)) for kind in kinds}
+            results["lock_cycle"] = lock_cycles(urls, args.cycles, args.rounds)
+            for jobs, replicas in _sizes(args.scheduler):
+                for kind in kinds:
+                    summary = scheduler(urls[kind], jobs, replicas, args.duration, tmp)
+                    results["scheduler"].append(
+                        {"deployment": kind, "size": f"{jobs}×{replicas}", "summary": summary}
+                    )
+    results["meta"] = {
+        "started_utc": started,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
