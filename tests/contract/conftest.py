@@ -3,11 +3,48 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from fleetcron import AsyncFleet, Fleet
 from fleetcron.stores import SyncStore, open_store, parse_store_url
+from redis_cluster import RedisCluster, RedisSentinels
+from services import BACKENDS, require_service
+
+CONTRACT_BACKENDS = (*BACKENDS, "redis-cluster", "redis-sentinel")
+"""The contract suite runs on every backend, and on Redis Cluster and Sentinel deployments
+of its own (three masters and three replicas; a master, a replica and three sentinels)."""
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    cluster = RedisCluster()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinels() -> Iterator[RedisSentinels]:
+    sentinels = RedisSentinels()
+    yield sentinels
+    sentinels.close()
+
+
+@pytest.fixture(params=CONTRACT_BACKENDS)
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of each backend in turn (SQLite in the test's temporary directory)."""
+    kind = request.param
+    if kind == "memory":
+        yield "memory://"
+    elif kind == "sqlite":
+        yield f"sqlite://{tmp_path / 'fleetcron.db'}"
+    elif kind == "redis-cluster":
+        yield request.getfixturevalue("redis_cluster").url
+    elif kind == "redis-sentinel":
+        yield request.getfixturevalue("redis_sentinels").url
+    else:
+        yield require_service(kind)
 
 
 @pytest.fixture

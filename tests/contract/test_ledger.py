@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import redis
 
 from contract.contract_support import must_acquire, release, run_together
 from contract.ledgerworker import work
@@ -43,6 +42,7 @@ from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.base import Operations
 from fleetcron.stores.ledger import MISSED_ERROR
 from fleetcron.stores.redis.keys import slots_key
+from redis_cluster import raw_client
 
 R = TypeVar("R", RunRecord, JobRecord, LeaseRecord)
 
@@ -1575,8 +1575,8 @@ def failing_midway(backend_url: str, ledger: Ledger, job: str, slot_us: int) -> 
         store.execute_text(f"PRAGMA max_page_count = {pages + 2}")  # this connection's only
         yield
         return
-    if kind == "redis":
-        client = redis.Redis.from_url(backend_url)
+    if kind in ("redis", "redis-cluster", "redis-sentinel"):
+        client = raw_client(backend_url)
         index = slots_key(ledger.namespace, job)
         client.set(index, "not a sorted set")
         try:

@@ -42,6 +42,18 @@ BACKENDS: tuple[Backend, ...] = (
     Backend("postgres", ("postgresql", "postgres"), "fleetcron.stores.sql.postgres", "postgres"),
     Backend("mysql", ("mysql", "mariadb"), "fleetcron.stores.sql.mysql", "mysql"),
     Backend("redis", ("redis", "rediss", "unix"), "fleetcron.stores.redis.store", "redis"),
+    Backend(
+        "redis-cluster",
+        ("redis+cluster", "rediss+cluster"),
+        "fleetcron.stores.redis.cluster",
+        "redis",
+    ),
+    Backend(
+        "redis-sentinel",
+        ("redis+sentinel", "rediss+sentinel"),
+        "fleetcron.stores.redis.sentinel",
+        "redis",
+    ),
 )
 _BY_KIND = {entry.kind: entry for entry in BACKENDS}
 

@@ -15,6 +15,7 @@ from fleetcron.stores.backends import schemes
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
+    "LISTED_KINDS",
     "SCHEMES",
     "URL_BOOLEANS",
     "StoreURL",
@@ -23,6 +24,9 @@ __all__ = [
     "redact",
     "url_passwords",
 ]
+
+LISTED_KINDS = ("postgres", "redis-cluster", "redis-sentinel")
+"""The backends whose URL may name several servers (``h1:p1,h2:p2``)."""
 
 SCHEMES = schemes()
 """Every URL scheme, and the kind of backend it names (:mod:`fleetcron.stores.backends`)."""
@@ -205,7 +209,7 @@ def _check_ports(netloc: str, kind: str, redacted: str) -> None:
     parser: PyMySQL and redis-py took it for their default port (3306, 6379), and libpq's
     connect to it fails with a message that does not say why."""
     hosts = netloc.rpartition("@")[2]
-    for host in hosts.split(",") if kind == "postgres" else [hosts]:
+    for host in hosts.split(",") if kind in LISTED_KINDS else [hosts]:
         if host.startswith("["):  # [IPv6]:port
             port = host.partition("]")[2].removeprefix(":")
         else:
@@ -361,7 +365,7 @@ def parse_store_url(url: str) -> StoreURL:
     try:
         parts = urllib.parse.urlsplit(url)
         _check_ports(parts.netloc, kind, redacted)
-        if kind != "postgres":  # a list of hosts is no port to urlsplit
+        if kind not in LISTED_KINDS:  # a list of hosts is no port to urlsplit
             _ = parts.port
     except ValueError as exc:
         raise ConfigurationError(f"backend URL {redacted!r} is invalid: {exc}") from None

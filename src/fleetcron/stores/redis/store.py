@@ -137,7 +137,7 @@ class RedisStore:
         self.ops = RedisOperations()
         self._lock = threading.Lock()
         self._closed = False
-        self._client: redis.Redis = sync_client(url)
+        self._client: redis.Redis = self._new_client(url)
         self._scripts: dict[str, RedisScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
@@ -154,6 +154,10 @@ class RedisStore:
         except StoreRefused:
             self._client.close()
             raise
+
+    def _new_client(self, url: StoreURL) -> redis.Redis:
+        """The client of ``url`` (a subclass's may find its server another way)."""
+        return sync_client(url)
 
     def _execute(self, statement: Statement) -> Any:
         match statement:
@@ -308,10 +312,14 @@ class AsyncRedisStore:
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
         self.ops = RedisOperations()
-        self._client: aioredis.Redis = async_client(url)
+        self._client: aioredis.Redis = self._new_client(url)
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(text) for name, text in SCRIPTS.items()
         }
+
+    def _new_client(self, url: StoreURL) -> aioredis.Redis:
+        """The client of ``url`` (a subclass's may find its server another way)."""
+        return async_client(url)
 
     async def open(self, *, create: bool = True) -> None:
         """Connect and check the server. ``create=False``: opening writes nothing (the
