@@ -154,6 +154,7 @@ def scheduler(url: str, jobs: int, replicas: int, duration: float, tmp: Path) ->
         "rows_attempt_gt_1",
         "all_lag_ms_p50",
         "all_lag_ms_p99",
+        "states",
     )
     return {key: summary.get(key) for key in keys}
 
@@ -174,18 +175,25 @@ def _table(results: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "| deployment | jobs × replicas | slots | runs | run twice | never run | lag p50 (ms) "
-        "| lag p99 (ms) |",
+        "| deployment | jobs × replicas | slots | runs | run twice | never run (their states) "
+        "| lag p50 (ms) | lag p99 (ms) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in results["scheduler"]:
         s = row["summary"]
         lines.append(
             f"| {row['deployment']} | {row['size']} | {s['slots']} | {s['runs']} | "
-            f"{s['slots_run_twice']} | {s['slots_never_run']} | {s['all_lag_ms_p50']:.0f} | "
+            f"{s['slots_run_twice']} | {s['slots_never_run']}{_not_run(s)} | "
+            f"{s['all_lag_ms_p50']:.0f} | "
             f"{s['all_lag_ms_p99']:.0f} |"
         )
     return "\n".join(lines)
+
+
+def _not_run(summary: dict[str, Any]) -> str:
+    """The states of the slots that did not run (missed, skipped…), as `` (missed 12)``."""
+    states = {k: v for k, v in (summary.get("states") or {}).items() if k != "succeeded"}
+    return f" ({', '.join(f'{k} {v}' for k, v in sorted(states.items()))})" if states else ""
 
 
 def _sizes(text: str) -> list[tuple[int, int]]:
