@@ -438,7 +438,8 @@ class Scenario:
     ``"shared"`` (the machine's service, a fresh namespace), ``"owned"`` (a server of
     its own, which the body may restart or pause), ``"pair"`` (PostgreSQL only: a
     :class:`~fault.pg_pair.PostgresPair` of its own, primary and streaming standby, which
-    the body may fail over; ``run.url`` names both)."""
+    the body may fail over; ``run.url`` names both), ``"cluster"`` (Redis only: a
+    :class:`~redis_cluster.RedisCluster` of its own, three masters and three replicas)."""
 
     name: str
     summary: str
@@ -519,6 +520,12 @@ def _store_for(
         pair = PostgresPair(tmp / "pg", **options)
         stack.callback(pair.close)
         return pair.url, pair, None
+    if scenario.needs == "cluster":
+        from redis_cluster import RedisCluster
+
+        cluster = RedisCluster(**options)
+        stack.callback(cluster.close)
+        return cluster.url, cluster, None
     clock = None
     if scenario.store_clock:
         clock = SteppableClock(0)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from fault.clock import SteppableClock, faketime_env
+from fault.cluster_failover import CLUSTER_SCENARIOS
 from fault.failover import FAILOVER_SCENARIOS
 from fault.runner import ROOT, Proc, Run, Scenario, ScenarioFailed, child_env, wait_until
 from fault.servers import read_only_dir, small_tmpfs
@@ -801,6 +802,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("soak", "random faults every few seconds", soak, ok_states=_LOST_OK),
     Scenario("exec_crowd", "six crons firing fleetcron exec at once", exec_crowd),
     *FAILOVER_SCENARIOS,
+    *CLUSTER_SCENARIOS,
 )
 
 
