@@ -251,6 +251,30 @@ async def test_lease_cycle_fences_increase_and_guard_the_delete(
     assert fences == sorted(set(fences)), "fences strictly increase"
 
 
+async def test_the_members_clock_is_bounded_by_the_date_of_its_answers(
+    single: EtcdCluster, connect: Connect, prefix: str
+) -> None:
+    etcd = connect(single.endpoints)
+    assert etcd.client.clock() is None  # nothing answered yet
+    await etcd.range(prefix + "clock")
+    first = etcd.client.clock()
+    assert first is not None
+    assert first.width < 1.5  # one answer: its second, and the round trip
+    for _ in range(7):
+        # Each answer asked when the member's second most likely turns (the store's clock
+        # as bounded so far) halves the bounds, less a round trip.
+        tick = etcd.client.next_tick()
+        assert tick is not None
+        await asyncio.sleep(max(0.0, tick - time.monotonic()))
+        await etcd.range(prefix + "clock")
+    now, wall = time.monotonic(), time.time()
+    bounds = etcd.client.clock(now)
+    assert bounds is not None
+    # The member runs on this host: its clock is this host's wall clock.
+    assert bounds.low - 0.001 <= wall < bounds.high + 0.001, (bounds, wall)
+    assert bounds.width < 0.05, bounds
+
+
 async def test_every_compare_target_and_operator_decides(
     single: EtcdCluster, connect: Connect, prefix: str
 ) -> None:

@@ -265,12 +265,16 @@ class AsyncEtcdClient(Pinned):
             "\r\n"
         )
         sent = False
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(deadline):
                 writer.write(head.encode("ascii") + rpc.payload)
                 sent = True
+                # The loop's clock is the monotonic clock the member's is bounded against.
+                sent_at = loop.time()
                 await writer.drain()
-                status, raw, keep = await _read_response(reader)
+                status, raw, keep, date = await _read_response(reader)
+                self._dated(index, sent_at, loop.time(), date)
         except TimeoutError as exc:
             self._drop()
             raise _NoReply("timeout", sent=sent, cause=exc) from None
@@ -331,8 +335,9 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
     return b"".join(parts)
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """(status, body, whether the connection can carry another request) of one reply."""
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool, str | None]:
+    """(status, body, whether the connection can carry another request, its Date header)
+    of one reply."""
     while True:
         line = await reader.readline()
         if not line.endswith(b"\n"):
@@ -358,4 +363,4 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
         body = await reader.readexactly(int(length))
     else:
         body, keep = await reader.read(), False  # the body ends with the connection
-    return status, body, keep
+    return status, body, keep, headers.get("date")

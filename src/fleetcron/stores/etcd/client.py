@@ -288,9 +288,11 @@ class EtcdClient(Pinned):
         cut = socket_deadline(watched, left)
         try:
             with cut:
+                sent = time.monotonic()
                 conn.request("POST", rpc.path, rpc.payload, headers)
                 response = conn.getresponse()
                 raw = response.read()
+                self._dated(index, sent, time.monotonic(), response.getheader("Date"))
         except (OSError, http.client.HTTPException) as exc:
             self._drop()
             stage = "timeout" if cut.expired or isinstance(exc, TimeoutError) else "lost"

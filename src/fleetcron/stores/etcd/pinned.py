@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from fleetcron.stores.etcd.clock import ClockBounds, MemberClock, date_seconds
 from fleetcron.stores.etcd.errors import (
     _BY_REASON,
     _MOVE_CODES,
@@ -52,11 +54,34 @@ class Pinned:
         self._ssl_context = ssl_context
         self._pinned = 0
         self._closed = False
+        # Each member's clock, as the Date headers of its answers bound it.
+        self._clocks = tuple(MemberClock() for _ in self.endpoints)
 
     @property
     def endpoint(self) -> Endpoint:
         """The member calls go to now."""
         return self.endpoints[self._pinned]
+
+    def clock(self, now: float | None = None) -> ClockBounds | None:
+        """The clock of the member calls go to now, at monotonic ``now`` (default: this
+        instant), as its answers bound it; ``None`` before it answered
+        (:mod:`fleetcron.stores.etcd.clock`)."""
+        return self._clocks[self._pinned].bounds(time.monotonic() if now is None else now)
+
+    def next_tick(self, now: float | None = None) -> float | None:
+        """When an answer of the pinned member would narrow its clock's bounds most."""
+        return self._clocks[self._pinned].next_tick(time.monotonic() if now is None else now)
+
+    def _dated(self, index: int, sent: float, received: float, date: str | None) -> None:
+        """Bound member ``index``'s clock by an answer's Date header (if it has a valid
+        one: an answer without is no error, only no reading)."""
+        if not date:
+            return
+        try:
+            second = date_seconds(date)
+        except (TypeError, ValueError):
+            return
+        self._clocks[index].observe(sent, received, second)
 
     def _tls_context(self, endpoint: Endpoint) -> ssl.SSLContext | None:
         if not endpoint.tls:
