@@ -1,11 +1,14 @@
-"""The URLs of Redis Cluster and Sentinel: addresses, service, parameters, refusals."""
+"""Redis Cluster and Sentinel: their URLs (addresses, service, parameters, refusals) and
+the errors of a cluster in failover."""
 
 from __future__ import annotations
 
 import pytest
+import redis
 
-from fleetcron.errors import ConfigurationError
+from fleetcron.errors import ConfigurationError, StoreUnavailable
 from fleetcron.stores.redis.hosts import listed_url
+from fleetcron.stores.redis.store import translate
 from fleetcron.stores.url import parse_store_url
 
 
@@ -60,3 +63,17 @@ def test_each_listed_port_is_checked_before_anything_is_opened() -> None:
         parse_store_url("redis+cluster://n1:7000,n2:0")
     assert parse_store_url("redis+sentinel://s1:26379,s2:26379/m").kind == "redis-sentinel"
     assert parse_store_url("rediss+cluster://n1:7000,n2:7001").kind == "redis-cluster"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.MasterDownError("MASTERDOWN Link with MASTER is down"),
+        redis.exceptions.TryAgainError("TRYAGAIN"),
+        redis.exceptions.SlotNotCoveredError("Slot 42 is not covered by the cluster."),
+        redis.exceptions.RedisClusterException("Redis Cluster cannot be connected."),
+    ],
+)
+def test_a_cluster_in_failover_is_an_outage_not_an_error(error: Exception) -> None:
+    assert isinstance(translate(error), StoreUnavailable)

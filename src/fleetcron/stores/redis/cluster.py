@@ -47,6 +47,9 @@ from fleetcron.stores.url import StoreURL
 __all__ = ["AsyncRedisClusterStore", "ClusterFacts", "RedisClusterStore", "open_async", "open_sync"]
 
 T = TypeVar("T")
+# What redis-py's cluster client raises: its RedisClusterException (no node reachable, a
+# slot not covered) is not a RedisError.
+_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 # redis-py's cluster classes are untyped: used through Any.
 ClusterNode: Any = _ClusterNode
 _PROBED = ("maxmemory-policy", "appendonly", "save")
@@ -136,7 +139,7 @@ class RedisClusterStore(RedisStore):
             self._cluster: Any = cluster_class(
                 startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **args
             )
-        except redis.exceptions.RedisError as exc:
+        except _ERRORS as exc:
             raise connect_error(self.url, translate(exc)) from exc
         self._scripts = {
             name: self._cluster.register_script(text) for name, text in SCRIPTS.items()
@@ -148,7 +151,7 @@ class RedisClusterStore(RedisStore):
             else:
                 marker = self._cluster.get(PERSISTENCE_MARKER)
             _check_nodes(self.url, per_node, marker, mark=create)
-        except redis.exceptions.RedisError as exc:
+        except _ERRORS as exc:
             self._cluster.close()
             raise connect_error(self.url, translate(exc)) from exc
         except StoreRefused:
@@ -175,6 +178,14 @@ class RedisClusterStore(RedisStore):
                 return self._cluster_call(self._scripts[name], keys, args)
             case _:
                 raise _not_redis(statement)
+
+    def _guarded(self, statement: Statement) -> Any:
+        try:
+            return self._execute(statement)
+        except _ERRORS as exc:
+            error = translate(exc)
+            assert error is not None
+            raise error from exc
 
     def _cluster_call(self, script: Any, keys: tuple[str, ...], args: tuple[ScriptArg, ...]) -> Any:
         for _ in range(_SCRIPT_LOAD_TRIES):
@@ -278,7 +289,7 @@ class AsyncRedisClusterStore(AsyncRedisStore):
             else:
                 marker = await self._cluster.get(PERSISTENCE_MARKER)
             _check_nodes(self.url, per_node, marker, mark=create)
-        except redis.exceptions.RedisError as exc:
+        except _ERRORS as exc:
             await self._cluster.aclose()
             raise connect_error(self.url, translate(exc)) from exc
         except StoreRefused:
@@ -303,7 +314,7 @@ class AsyncRedisClusterStore(AsyncRedisStore):
                     raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
                 case _:
                     raise _not_redis(statement)
-        except redis.exceptions.RedisError as exc:
+        except _ERRORS as exc:
             error = translate(exc)
             assert error is not None
             raise error from exc

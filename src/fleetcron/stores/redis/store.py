@@ -75,6 +75,13 @@ def translate(exc: BaseException) -> FleetcronError | None:
         )
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return StoreUnavailable(f"Redis unreachable: {exc}")
+    if isinstance(
+        exc,
+        redis.exceptions.ClusterDownError  # CLUSTERDOWN, MASTERDOWN: a failover under way
+        | redis.exceptions.TryAgainError  # a slot moving between masters
+        | redis.exceptions.RedisClusterException,  # no node reachable, a slot not covered
+    ):
+        return StoreUnavailable(f"Redis unavailable: {exc}")
     if isinstance(exc, redis.exceptions.RedisError):
         return StoreError(f"Redis error: {exc}")
     return None
