@@ -50,6 +50,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
 from fault.pg_pair import PostgresPair  # noqa: E402
 from fault.servers import PostgresCluster  # noqa: E402
+from locks import fleetcron_runner  # noqa: E402  (bench/, this script's folder)
 
 RESULTS = ROOT / "bench" / "results" / "ha.json"
 DEPLOYMENTS = ("single", "sync", "async")
@@ -78,39 +79,32 @@ def deployment(kind: str, tmp: Path) -> Iterator[str]:
 
 def lock_cycles(urls: dict[str, str], cycles: int, rounds: int) -> dict[str, dict[str, float]]:
     """Wall time of a lock cycle per deployment, interleaved rounds (see the docstring)."""
-    from fleetcron import Fleet
-
-    fleets = {kind: Fleet(url, namespace="bench-ha") for kind, url in urls.items()}
+    # bench/locks.py's fleetcron subject: try_lock without keepalive, then release.
+    runners = {kind: fleetcron_runner(url, f"ha-{kind}") for kind, url in urls.items()}
     times: dict[str, list[float]] = {kind: [] for kind in urls}
-
-    def cycle(fleet: Fleet, name: str) -> None:
-        lease = fleet.try_lock(name, lock_at_most="30s", keepalive=False)
-        if lease is None or not lease.release():
-            raise RuntimeError(f"lock cycle of {name} failed")
-
     try:
-        for kind, fleet in fleets.items():  # warm-up: connect, prepare
+        for runner in runners.values():  # warm-up: connect, prepare
             for _ in range(50):
-                cycle(fleet, f"ha-{kind}")
+                runner.cycle()
         per_round = max(1, cycles // rounds)
         for _ in range(rounds):
-            order = list(fleets)
+            order = list(runners)
             random.shuffle(order)
             for kind in order:
-                fleet = fleets[kind]
+                cycle = runners[kind].cycle
                 for _ in range(3):  # the first call after switching is slow on a small VM
-                    cycle(fleet, f"ha-{kind}")
+                    cycle()
                 gc.disable()
                 try:
                     for _ in range(per_round):
                         start = time.perf_counter()
-                        cycle(fleet, f"ha-{kind}")
+                        cycle()
                         times[kind].append(time.perf_counter() - start)
                 finally:
                     gc.enable()
     finally:
-        for fleet in fleets.values():
-            fleet.close()
+        for runner in runners.values():
+            runner.close()
     result = {}
     for kind, samples in times.items():
         ordered = sorted(samples)

@@ -8,12 +8,11 @@ reached the test is skipped — except under ``CI=true``, where it fails.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from services import BACKENDS, require_service
+from services import BACKENDS, url_of
 
 pytest_plugins = ["pgbouncer_server"]  # the pgbouncer fixture
 
@@ -25,12 +24,6 @@ def namespace() -> str:
 
 
 @pytest.fixture(params=BACKENDS)
-def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The URL of each backend in turn (SQLite in the test's temporary directory)."""
-    kind = request.param
-    if kind == "memory":
-        yield "memory://"
-    elif kind == "sqlite":
-        yield f"sqlite://{tmp_path / 'fleetcron.db'}"
-    else:
-        yield require_service(kind)
+    return url_of(request.param, tmp_path)

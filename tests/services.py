@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,13 @@ def require_service(kind: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return url
+
+
+def url_of(kind: str, tmp_path: Path) -> str:
+    """The URL of backend ``kind``: SQLite in ``tmp_path``, a service's (skipped, or
+    failed under CI=true, when it does not answer), or ``memory://``."""
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite://{tmp_path / 'fleetcron.db'}"
+    return require_service(kind)

@@ -10,7 +10,7 @@ import pytest
 from fleetcron import AsyncFleet, Fleet
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from redis_cluster import RedisCluster, RedisSentinels
-from services import BACKENDS, require_service
+from services import BACKENDS, url_of
 
 CONTRACT_BACKENDS = (*BACKENDS, "redis-cluster", "redis-sentinel")
 """The contract suite runs on every backend, and on Redis Cluster and Sentinel deployments
@@ -35,16 +35,12 @@ def redis_sentinels() -> Iterator[RedisSentinels]:
 def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The URL of each backend in turn (SQLite in the test's temporary directory)."""
     kind = request.param
-    if kind == "memory":
-        yield "memory://"
-    elif kind == "sqlite":
-        yield f"sqlite://{tmp_path / 'fleetcron.db'}"
-    elif kind == "redis-cluster":
+    if kind == "redis-cluster":
         yield request.getfixturevalue("redis_cluster").url
     elif kind == "redis-sentinel":
         yield request.getfixturevalue("redis_sentinels").url
     else:
-        yield require_service(kind)
+        yield url_of(kind, tmp_path)
 
 
 @pytest.fixture

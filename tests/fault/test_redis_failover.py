@@ -10,13 +10,13 @@ a failover lost is measured and printed, not asserted away.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from e2e.helpers import FLEETCRON
 from fleetcron.errors import StoreUnavailable
 from fleetcron.models import LeaseRecord
 from fleetcron.stores import SyncStore, open_store, parse_store_url
@@ -137,7 +137,7 @@ def test_cluster_master_sigkill_operations_resume_on_the_promoted_replica(
 
 def _doctor(url: str, tmp_path: Path) -> list[str]:
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "fleetcron"), "doctor", "--backend", url],
+        [*FLEETCRON, "doctor", "--backend", url],
         capture_output=True,
         text=True,
         timeout=120,

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import psycopg
 import pytest
 
+from e2e.helpers import FLEETCRON
 from fault.servers import PG_BIN, PostgresCluster
-from fault.test_injectors import _need, wait_for
+from fault.test_injectors import _in_thread, _need, wait_for
 from fleetcron.errors import StoreUnavailable
 from fleetcron.stores import open_async_store, open_store, parse_store_url
 
@@ -61,20 +60,6 @@ def primary(waiting: PostgresCluster) -> Iterator[PostgresCluster]:
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
         )
     wait_for(lambda: _waiting_backend(waiting.url) is None, 30, "no session left waiting")
-
-
-def _in_thread(work: Callable[[], T]) -> tuple[threading.Thread, list[T | BaseException]]:
-    result: list[T | BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(work())
-        except BaseException as exc:
-            result.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, result
 
 
 def _waiting_backend(url: str) -> int | None:
@@ -172,12 +157,7 @@ def test_doctor_says_every_write_waits_for_a_standby_that_is_not_there(
     primary: PostgresCluster, tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "fleetcron"),
-            "doctor",
-            "--backend",
-            f"{primary.url}?timeout=5",
-        ],
+        [*FLEETCRON, "doctor", "--backend", f"{primary.url}?timeout=5"],
         capture_output=True,
         text=True,
         timeout=120,

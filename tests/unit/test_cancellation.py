@@ -177,9 +177,8 @@ async def test_an_abandoned_sync_run_blocks_its_job_on_the_replica_until_it_retu
     assert later, "the job never ran again after the abandoned run returned"
 
 
-async def test_raise_if_cancelled_ends_a_sync_run_that_checks_it() -> None:
-    store = MemoryStore()
-    ended = threading.Event()
+def _careful(ended: threading.Event) -> Callable[[RunContext], None]:
+    """A sync job that checks its cancellation every 10 ms and sets ``ended`` on leaving."""
 
     def careful(ctx: RunContext) -> None:
         try:
@@ -189,9 +188,16 @@ async def test_raise_if_cancelled_ends_a_sync_run_that_checks_it() -> None:
         finally:
             ended.set()
 
+    return careful
+
+
+async def test_raise_if_cancelled_ends_a_sync_run_that_checks_it() -> None:
+    store = MemoryStore()
+    ended = threading.Event()
+
     await run_until(
         store,
-        [spec("careful", careful, timeout="100ms")],
+        [spec("careful", _careful(ended), timeout="100ms")],
         lambda: (
             bool(ledger(store, "careful"))
             and ended.is_set()
@@ -208,18 +214,10 @@ async def test_the_run_cancelled_a_sync_run_ends_with_is_read_not_logged_as_neve
     store = MemoryStore()
     ended = threading.Event()
 
-    def careful(ctx: RunContext) -> None:
-        try:
-            while True:
-                ctx.raise_if_cancelled()
-                time.sleep(0.01)
-        finally:
-            ended.set()
-
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         await run_until(
             store,
-            [spec("careful", careful, timeout="100ms")],
+            [spec("careful", _careful(ended), timeout="100ms")],
             lambda: ended.is_set() and any(r.state == "failed" for r in ledger(store, "careful")),
         )
         gc.collect()  # the future of the run is freed: asyncio logs it then if unread

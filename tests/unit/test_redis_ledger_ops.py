@@ -574,7 +574,8 @@ class FakePipeline:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
+    def execute_command(self, command: str, sha: str, numkeys: int, *keys_and_args: Any) -> None:
+        assert command == "EVALSHA"
         self.queued.append((sha, numkeys, *keys_and_args))
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -25,35 +25,28 @@ from redis.retry import Retry
 
 from fleetcron.doctor.findings import Finding
 from fleetcron.errors import StoreRefused
-from fleetcron.stores.base import Statement, as_text, connect_error
+from fleetcron.stores.base import as_text, connect_error
 from fleetcron.stores.redis.connect import PERSISTENCE_MARKER, _config, check_server
 from fleetcron.stores.redis.doctor import RedisFacts
 from fleetcron.stores.redis.hosts import listed_url
 from fleetcron.stores.redis.operations import RedisOperations
 from fleetcron.stores.redis.scripts import SCRIPTS
-from fleetcron.stores.redis.statements import KeyScan, Script, ScriptArg, ScriptCalls
+from fleetcron.stores.redis.statements import ScriptArg
 from fleetcron.stores.redis.store import (
-    _SCAN_COUNT,
     _SCRIPT_LOAD_TRIES,
     _SETTINGS,
+    ERRORS,
     AsyncRedisStore,
     RedisStore,
-    _collect,
-    _not_redis,
     translate,
 )
 from fleetcron.stores.url import StoreURL
 
 __all__ = ["AsyncRedisClusterStore", "ClusterFacts", "RedisClusterStore", "open_async", "open_sync"]
 
-T = TypeVar("T")
-# What redis-py's cluster client raises: its RedisClusterException (no node reachable, a
-# slot not covered) is not a RedisError.
-_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 # redis-py's cluster classes are untyped: used through Any.
 ClusterNode: Any = _ClusterNode
 _PROBED = ("maxmemory-policy", "appendonly", "save")
-Call = tuple[tuple[str, ...], tuple[ScriptArg, ...]]
 
 
 def _cluster_args(url: StoreURL) -> tuple[list[Any], dict[str, Any]]:
@@ -128,6 +121,8 @@ class ClusterFacts:
 class RedisClusterStore(RedisStore):
     """Sync Redis Cluster store: :class:`RedisStore`'s operations on a cluster client."""
 
+    _client: Any  # a redis.RedisCluster (redis-py's cluster classes are untyped)
+
     def __init__(self, url: StoreURL, *, create: bool = True) -> None:
         self.url = url.redacted
         self.ops = RedisOperations(cluster=True)
@@ -136,90 +131,48 @@ class RedisClusterStore(RedisStore):
         nodes, args = _cluster_args(url)
         cluster_class: Any = redis.RedisCluster
         try:
-            self._cluster: Any = cluster_class(
-                startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **args
-            )
-        except _ERRORS as exc:
+            self._client = cluster_class(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **args)
+        except ERRORS as exc:
             raise connect_error(self.url, translate(exc)) from exc
-        self._scripts = {
-            name: self._cluster.register_script(text) for name, text in SCRIPTS.items()
-        }
+        self._scripts = {name: self._client.register_script(text) for name, text in SCRIPTS.items()}
         try:
-            per_node = [self._node_probe(node) for node in self._cluster.get_primaries()]
+            per_node = [self._node_probe(node) for node in self._client.get_primaries()]
             if create:
-                marker = self._cluster.set(PERSISTENCE_MARKER, "1", nx=True)
+                marker = self._client.set(PERSISTENCE_MARKER, "1", nx=True)
             else:
-                marker = self._cluster.get(PERSISTENCE_MARKER)
+                marker = self._client.get(PERSISTENCE_MARKER)
             _check_nodes(self.url, per_node, marker, mark=create)
-        except _ERRORS as exc:
-            self._cluster.close()
+        except ERRORS as exc:
+            self._client.close()
             raise connect_error(self.url, translate(exc)) from exc
         except StoreRefused:
-            self._cluster.close()
+            self._client.close()
             raise
 
     def _node_probe(self, node: Any, settings: tuple[str, ...] = _PROBED) -> list[Any]:
         """``ROLE`` and ``settings`` of one master, in one round trip."""
-        client = self._cluster.get_redis_connection(node)
+        client = self._client.get_redis_connection(node)
         with client.pipeline(transaction=False) as pipe:
             pipe.execute_command("ROLE")
             for key in settings:
                 pipe.config_get(key)
             return list(pipe.execute(raise_on_error=False))
 
-    def _execute(self, statement: Statement) -> Any:
-        match statement:
-            case KeyScan(pattern):
-                keys = self._cluster.scan_iter(match=pattern, count=_SCAN_COUNT)
-                return sorted({as_text(key) for key in keys})
-            case ScriptCalls(name, calls):
-                return self._cluster_pipeline(self._scripts[name], list(calls))
-            case Script(name, keys, args):
-                return self._cluster_call(self._scripts[name], keys, args)
-            case _:
-                raise _not_redis(statement)
-
-    def _guarded(self, statement: Statement) -> Any:
-        try:
-            return self._execute(statement)
-        except _ERRORS as exc:
-            error = translate(exc)
-            assert error is not None
-            raise error from exc
-
-    def _cluster_call(self, script: Any, keys: tuple[str, ...], args: tuple[ScriptArg, ...]) -> Any:
+    def _call(self, script: Any, keys: tuple[str, ...], args: tuple[ScriptArg, ...]) -> Any:
+        """One ``EVALSHA`` through the cluster client, on the master of the keys' slot
+        (there is no one connection to keep, as :class:`RedisStore` does)."""
         for _ in range(_SCRIPT_LOAD_TRIES):
             try:
-                return self._cluster.evalsha(script.sha, len(keys), *keys, *args)
+                return self._client.evalsha(script.sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
-                script.sha = self._cluster.script_load(script.script)  # on every master
+                script.sha = self._client.script_load(script.script)  # on every master
         raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
-
-    def _cluster_pipeline(self, script: Any, calls: list[Call]) -> list[Any]:
-        results: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        for _ in range(_SCRIPT_LOAD_TRIES):
-            if not pending:
-                break
-            with self._cluster.pipeline() as pipe:
-                for index in pending:
-                    keys, argv = calls[index]
-                    # pipe.evalsha is refused by redis-py's cluster pipeline; the command
-                    # itself is routed by its first key.
-                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
-                replies = pipe.execute(raise_on_error=False)
-            pending = _collect(pending, replies, results)
-            if pending:
-                script.sha = self._cluster.script_load(script.script)
-        if pending:
-            raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
-        return results
 
     def doctor_facts(self) -> tuple[ClusterFacts]:  # type: ignore[override]
         """Each master's settings and the cluster's replication (for ``fleetcron doctor``)."""
         with self._lock:
             masters = []
-            for node in self._cluster.get_primaries():
+            for node in self._client.get_primaries():
                 role, *configs = self._node_probe(node, _SETTINGS)
                 read = [_config(reply, key) for reply, key in zip(configs, _SETTINGS, strict=True)]
                 refused = next((r for r in configs if isinstance(r, Exception)), None)
@@ -246,7 +199,7 @@ class RedisClusterStore(RedisStore):
             if self._closed:
                 return
             self._closed = True
-            self._cluster.close()
+            self._client.close()
 
 
 async def _node_probe_async(cluster: Any, node: Any) -> list[Any]:
@@ -261,84 +214,44 @@ async def _node_probe_async(cluster: Any, node: Any) -> list[Any]:
 
 
 class AsyncRedisClusterStore(AsyncRedisStore):
-    """Async Redis Cluster store (``redis.asyncio.RedisCluster``)."""
+    """Async Redis Cluster store (``redis.asyncio.RedisCluster``): :class:`AsyncRedisStore`'s
+    operations on a cluster client."""
+
+    _client: Any  # a redis.asyncio.RedisCluster
 
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
         self.ops = RedisOperations(cluster=True)
         nodes, args = _cluster_args(url)
-        self._cluster: Any = aioredis.RedisCluster(
+        cluster_class: Any = aioredis.RedisCluster
+        self._client = cluster_class(
             startup_nodes=[aioredis.cluster.ClusterNode(n.host, n.port) for n in nodes],
             retry=AsyncRetry(NoBackoff(), 0),
             **args,
         )
-        self._scripts = {
-            name: self._cluster.register_script(text) for name, text in SCRIPTS.items()
-        }
+        self._scripts = {name: self._client.register_script(text) for name, text in SCRIPTS.items()}
 
     async def open(self, *, create: bool = True) -> None:
         """Connect and check every master (as :class:`RedisClusterStore` does)."""
         try:
-            await self._cluster.initialize()
+            await self._client.initialize()
             per_node = [
-                await _node_probe_async(self._cluster, node)
-                for node in self._cluster.get_primaries()
+                await _node_probe_async(self._client, node) for node in self._client.get_primaries()
             ]
             if create:
-                marker = await self._cluster.set(PERSISTENCE_MARKER, "1", nx=True)
+                marker = await self._client.set(PERSISTENCE_MARKER, "1", nx=True)
             else:
-                marker = await self._cluster.get(PERSISTENCE_MARKER)
+                marker = await self._client.get(PERSISTENCE_MARKER)
             _check_nodes(self.url, per_node, marker, mark=create)
-        except _ERRORS as exc:
-            await self._cluster.aclose()
+        except ERRORS as exc:
+            await self._client.aclose()
             raise connect_error(self.url, translate(exc)) from exc
         except StoreRefused:
-            await self._cluster.aclose()
+            await self._client.aclose()
             raise
 
-    async def _execute(self, statement: Statement) -> Any:
-        try:
-            match statement:
-                case KeyScan(pattern):
-                    keys = self._cluster.scan_iter(match=pattern, count=_SCAN_COUNT)
-                    return sorted({as_text(key) async for key in keys})
-                case ScriptCalls(name, calls):
-                    return await self._cluster_pipeline(self._scripts[name], list(calls))
-                case Script(name, keys, args):
-                    script = self._scripts[name]
-                    for _ in range(_SCRIPT_LOAD_TRIES):
-                        try:
-                            return await self._cluster.evalsha(script.sha, len(keys), *keys, *args)
-                        except redis.exceptions.NoScriptError:
-                            script.sha = await self._cluster.script_load(script.script)
-                    raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
-                case _:
-                    raise _not_redis(statement)
-        except _ERRORS as exc:
-            error = translate(exc)
-            assert error is not None
-            raise error from exc
-
-    async def _cluster_pipeline(self, script: Any, calls: list[Call]) -> list[Any]:
-        results: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        for _ in range(_SCRIPT_LOAD_TRIES):
-            if not pending:
-                break
-            async with self._cluster.pipeline() as pipe:
-                for index in pending:
-                    keys, argv = calls[index]
-                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
-                replies = await pipe.execute(raise_on_error=False)
-            pending = _collect(pending, replies, results)
-            if pending:
-                script.sha = await self._cluster.script_load(script.script)
-        if pending:
-            raise redis.exceptions.NoScriptError("the script cache keeps being flushed")
-        return results
-
     async def close(self) -> None:
-        await self._cluster.aclose()
+        await self._client.aclose()
 
 
 def open_sync(url: StoreURL, *, create: bool, auto_migrate: bool) -> RedisClusterStore:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from fleetcron.stores.redis.doctor import RedisFacts
 
 __all__ = [
+    "ERRORS",
     "AsyncRedisStore",
     "RedisStore",
     "ServerSettings",
@@ -88,6 +89,10 @@ def translate(exc: BaseException) -> FleetcronError | None:
 
 
 Call = tuple[tuple[str, ...], tuple[ScriptArg, ...]]
+
+ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+"""What redis-py raises, its cluster client included: RedisClusterException (no node
+reachable, a slot not covered) is not a RedisError."""
 
 
 def _not_redis(statement: Statement) -> TypeError:
@@ -227,10 +232,13 @@ class RedisStore:
         for _ in range(_SCRIPT_LOAD_TRIES):
             if not pending:
                 break
+            pipe: Any
             with self._client.pipeline(transaction=False) as pipe:
                 for index in pending:
                     keys, argv = calls[index]
-                    pipe.evalsha(script.sha, len(keys), *keys, *argv)
+                    # The command itself, not pipe.evalsha, which redis-py's cluster
+                    # pipeline refuses; either client routes it by its first key.
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
                 replies = pipe.execute(raise_on_error=False)
             pending = _collect(pending, replies, results)
             if pending:
@@ -242,7 +250,7 @@ class RedisStore:
     def _guarded(self, statement: Statement) -> Any:
         try:
             return self._execute(statement)
-        except redis.exceptions.RedisError as exc:
+        except ERRORS as exc:
             error = translate(exc)
             assert error is not None
             raise error from exc
@@ -356,7 +364,7 @@ class AsyncRedisStore:
                     return await self._scripts[name](keys=list(keys), args=list(args))
                 case _:
                     raise _not_redis(statement)
-        except redis.exceptions.RedisError as exc:
+        except ERRORS as exc:
             error = translate(exc)
             assert error is not None
             raise error from exc
@@ -371,7 +379,7 @@ class AsyncRedisStore:
             async with self._client.pipeline(transaction=False) as pipe:
                 for index in pending:
                     keys, argv = calls[index]
-                    pipe.evalsha(script.sha, len(keys), *keys, *argv)
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
                 replies = await pipe.execute(raise_on_error=False)
             pending = _collect(pending, replies, results)
             if pending:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from fleetcron.doctor.findings import Finding
@@ -80,7 +81,7 @@ def multi_host(url: StoreURL) -> bool:
     """Whether ``url`` names more than one server (``h1:p1,h2:p2`` or ``?host=h1,h2``)."""
     try:
         hosts = conninfo_to_dict(url.driver_url).get("host") or ""
-    except Exception:  # refused before connecting (check_conninfo)
+    except psycopg.Error:  # refused before connecting, by check_conninfo
         return False
     return "," in str(hosts)
 
