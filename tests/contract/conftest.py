@@ -7,14 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from etcd_server import EtcdCluster
 from fleetcron import AsyncFleet, Fleet
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from redis_cluster import RedisCluster, RedisSentinels
 from services import BACKENDS, url_of
 
-CONTRACT_BACKENDS = (*BACKENDS, "redis-cluster", "redis-sentinel")
+CONTRACT_BACKENDS = (*BACKENDS, "redis-cluster", "redis-sentinel", "etcd")
 """The contract suite runs on every backend, and on Redis Cluster and Sentinel deployments
-of its own (three masters and three replicas; a master, a replica and three sentinels)."""
+of its own (three masters and three replicas; a master, a replica and three sentinels),
+and on an etcd cluster of its own (three members)."""
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(3)
+    yield cluster
+    cluster.close()
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +48,10 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
         yield request.getfixturevalue("redis_cluster").url
     elif kind == "redis-sentinel":
         yield request.getfixturevalue("redis_sentinels").url
+    elif kind == "etcd":
+        cluster = request.getfixturevalue("etcd_cluster")
+        members = ",".join(f"{host}:{port}" for host, port in cluster.endpoints)
+        yield f"etcd://{members}/fleetcron-tests"
     else:
         yield url_of(kind, tmp_path)
 

@@ -62,6 +62,22 @@ def stored(record: LeaseRecord) -> LeaseRecord:
     return dataclasses.replace(record, now_us=0)
 
 
+def expiry_slack_us(store: SyncStore) -> int:
+    """How long after a lease's nominal expiry the store may still hold it: none, except
+    on etcd, whose leases end when its leader counts their TTL out (whole seconds from the
+    grant, checked every 500 ms) — later than the nominal expiry, never earlier."""
+    return 2_500_000 if store.url.startswith(("etcd://", "etcds://")) else 0
+
+
+def wait_until_freed(
+    store: SyncStore, namespace: str, name: str, expires_us: int, *, timeout: float = 10.0
+) -> LeaseRecord:
+    """Sleep until the store's clock is past ``expires_us`` by the store's
+    :func:`expiry_slack_us`: a lease that ended then is free."""
+    target = expires_us + expiry_slack_us(store)
+    return wait_for_store_time(store, namespace, name, target, timeout=timeout)
+
+
 def wait_for_store_time(
     store: SyncStore, namespace: str, name: str, target_us: int, *, timeout: float = 10.0
 ) -> LeaseRecord:

@@ -7,7 +7,7 @@ import urllib.parse
 
 import pytest
 
-from contract.contract_support import eventually, must_acquire, release, wait_for_store_time
+from contract.contract_support import eventually, must_acquire, release, wait_until_freed
 from fleetcron.stores import SyncStore, open_store, parse_store_url
 from fleetcron.stores.memory import MemoryStore
 
@@ -23,7 +23,7 @@ def test_fences_strictly_increase_across_release_expiry_and_prune(
 
     expired = must_acquire(store, namespace, "job", "holder-2", ttl_us=300_000)
     fences.append(expired.fence)
-    wait_for_store_time(store, namespace, "job", expired.expires_us)
+    wait_until_freed(store, namespace, "job", expired.expires_us)
 
     taken_over = must_acquire(store, namespace, "job", "holder-3")
     fences.append(taken_over.fence)

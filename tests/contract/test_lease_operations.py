@@ -9,11 +9,13 @@ import time
 
 from contract.contract_support import (
     acquire,
+    expiry_slack_us,
     must_acquire,
     release,
     row,
     stored,
     wait_for_store_time,
+    wait_until_freed,
 )
 from fleetcron.stores import SyncStore
 from fleetcron.stores.memory import MemoryStore
@@ -94,7 +96,9 @@ def test_a_lease_is_refused_before_its_expiry_and_free_at_it_by_the_store_clock(
     assert first.expires_us == first.acquired_us + 400_000
 
     # Close in on the boundary, then try often: each refusal must have happened while the
-    # store's clock was still before the expiry, and the first success at or after it.
+    # store's clock was still before the expiry (on etcd: before etcd counted the lease's
+    # whole seconds out), and the first success at or after it.
+    slack = expiry_slack_us(store)
     wait_for_store_time(store, namespace, "job", first.expires_us - 80_000)
     refused_just_before = 0
     deadline = time.monotonic() + 5
@@ -104,14 +108,16 @@ def test_a_lease_is_refused_before_its_expiry_and_free_at_it_by_the_store_clock(
         if taken is not None:
             break
         after = row(store, namespace, "job").now_us
-        assert before < first.expires_us, "refused although the store clock was past expiry"
+        assert before < first.expires_us + slack, "refused although the store clock was past expiry"
         refused_just_before += after < first.expires_us
         assert time.monotonic() < deadline, "the lease never became free"
         time.sleep(0.002)
 
-    assert refused_just_before >= 1
+    # (etcd's store clock, the low bound of its member's, may jump forward while its
+    # bounds narrow after the store opened: no refusal need fall in the last 80 ms)
+    assert refused_just_before >= 1 or slack
     assert taken.acquired_us >= first.expires_us, "granted before the store clock reached expiry"
-    assert taken.acquired_us - first.expires_us < 1_000_000, "freed much later than its expiry"
+    assert taken.acquired_us - first.expires_us < 1_000_000 + slack, "freed much later than expiry"
     assert taken.fence > first.fence
 
 
@@ -142,7 +148,7 @@ def test_lock_at_least_keeps_a_released_lease_held_until_min_until_then_frees_it
     assert kept.held
     assert acquire(store, namespace, "job", "holder-2") is None
 
-    wait_for_store_time(store, namespace, "job", first.min_until_us)
+    wait_until_freed(store, namespace, "job", first.min_until_us)
     taken = must_acquire(store, namespace, "job", "holder-2")
     assert taken.acquired_us >= first.min_until_us
     assert taken.fence > first.fence
@@ -213,7 +219,7 @@ def test_extend_and_release_with_an_old_fence_change_nothing(
 
 def test_extend_and_release_after_expiry_change_nothing(store: SyncStore, namespace: str) -> None:
     first = must_acquire(store, namespace, "job", "holder-1", ttl_us=300_000)
-    wait_for_store_time(store, namespace, "job", first.expires_us)
+    wait_until_freed(store, namespace, "job", first.expires_us)
     ops = store.ops
 
     assert (

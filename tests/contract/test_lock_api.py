@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from contract.contract_support import row, wait_for_store_time
+from contract.contract_support import row, wait_for_store_time, wait_until_freed
 from fleetcron import Fleet, Lease, LeaseLost, LockBusy, StoreUnavailable
 from fleetcron.models import LeaseRecord
 from fleetcron.stores import SyncStore
@@ -201,7 +201,7 @@ def test_without_keepalive_the_lease_ends_at_lock_at_most(fleet: Fleet, store: S
     lease = fleet.try_lock("job", lock_at_most="300ms", keepalive=False)
     assert lease is not None
 
-    wait_for_store_time(store, fleet.namespace, "job", lease.record.expires_us)
+    wait_until_freed(store, fleet.namespace, "job", lease.record.expires_us)
 
     assert not row(store, fleet.namespace, "job").held
     assert not lease.valid  # the local deadline passed before the store's expiry

@@ -54,6 +54,7 @@ BACKENDS: tuple[Backend, ...] = (
         "fleetcron.stores.redis.sentinel",
         "redis",
     ),
+    Backend("etcd", ("etcd", "etcds"), "fleetcron.stores.etcd.store"),
 )
 _BY_KIND = {entry.kind: entry for entry in BACKENDS}
 

@@ -25,7 +25,7 @@ __all__ = [
     "url_passwords",
 ]
 
-LISTED_KINDS = ("postgres", "redis-cluster", "redis-sentinel")
+LISTED_KINDS = ("postgres", "redis-cluster", "redis-sentinel", "etcd")
 """The backends whose URL may name several servers (``h1:p1,h2:p2``)."""
 
 SCHEMES = schemes()

@@ -1,7 +1,8 @@
-"""The etcd backend (in progress): leases and claims as etcd v3 keys bound to etcd leases,
-the fence a key's revision. Its client speaks the v3 API through etcd's JSON gateway
-(``POST /v3/...``) with the standard library alone, sync and async, pinned to one member at
-a time; nothing is registered here yet, so no URL scheme names this backend.
+"""The etcd backend (``etcd://``, :mod:`~fleetcron.stores.etcd.store`): every operation an
+optimistic txn over the rows it reads (:mod:`~fleetcron.stores.etcd.view`), a held
+lease's key bound to an etcd lease. Its client speaks the v3 API through etcd's JSON
+gateway (``POST /v3/...``) with the standard library alone, sync and async, pinned to one
+member at a time.
 
 The client's modules, whose public names are all importable from here:
 :mod:`~fleetcron.stores.etcd.messages` (endpoints, requests, replies),
