@@ -26,7 +26,7 @@ import asyncio
 import functools
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -193,7 +193,7 @@ for _name in (
 # -- one transaction, free of I/O: the drivers below answer its requests
 
 
-class _Now:
+class _Now(Statement):
     """Ask for the store clock's now (µs)."""
 
 
@@ -201,24 +201,21 @@ _NOW: Final = _Now()
 
 
 @dataclass(frozen=True, slots=True)
-class _Read:
+class _Read(Statement):
     ranges: list[Range]
 
 
 @dataclass(frozen=True, slots=True)
-class _Grant:
+class _Grant(Statement):
     ttl_s: int
 
 
 @dataclass(frozen=True, slots=True)
-class _Commit:
+class _Commit(Statement):
     txn: Txn
 
 
-Request = _Now | _Read | _Grant | _Commit
-
-
-def transact(prefix: str, scoped: Scoped) -> Generator[Request, Any, Any]:
+def transact(prefix: str, scoped: Scoped) -> Operation[Any]:
     """Run ``scoped``'s step against the store until one run of it reads nothing new,
     then commit its writes compared on its reads; again from fresh reads when the
     compares fail."""
@@ -358,7 +355,7 @@ class EtcdStore:
         assert now is not None
         return now
 
-    def _answer(self, request: Request) -> Any:
+    def _answer(self, request: Statement) -> Any:
         match request:
             case _Now():
                 return self._now()
@@ -375,17 +372,10 @@ class EtcdStore:
     def _execute(self, statement: Statement) -> Any:
         if not isinstance(statement, Scoped):
             raise TypeError(f"the etcd store cannot run {statement!r}")
-        steps = transact(self.prefix, statement)
         try:
-            request = next(steps)
-            while True:
-                request = steps.send(self._answer(request))
-        except StopIteration as stop:
-            return stop.value
+            return drive(transact(self.prefix, statement), self._answer)
         except EtcdError as exc:
             raise _translate(exc) from exc
-        finally:
-            steps.close()
 
     def run(self, operation: Operation[T]) -> T:
         with self._lock:
@@ -447,7 +437,7 @@ class AsyncEtcdStore:
         assert now is not None
         return now
 
-    async def _answer(self, request: Request) -> Any:
+    async def _answer(self, request: Statement) -> Any:
         match request:
             case _Now():
                 return await self._now()
@@ -464,17 +454,10 @@ class AsyncEtcdStore:
     async def _execute(self, statement: Statement) -> Any:
         if not isinstance(statement, Scoped):
             raise TypeError(f"the etcd store cannot run {statement!r}")
-        steps = transact(self.prefix, statement)
         try:
-            request = next(steps)
-            while True:
-                request = steps.send(await self._answer(request))
-        except StopIteration as stop:
-            return stop.value
+            return await drive_async(transact(self.prefix, statement), self._answer)
         except EtcdError as exc:
             raise _translate(exc) from exc
-        finally:
-            steps.close()
 
     async def run(self, operation: Operation[T]) -> T:
         return await drive_async(operation, self._execute)

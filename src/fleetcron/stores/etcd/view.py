@@ -73,6 +73,7 @@ class _Table:
 
     name: str
     kind: type[Any]
+    numbered: bool = False  # the key's last part is an integer (a slot, an item's id)
 
     def key(self, prefix: str, row: tuple[Any, ...]) -> str:
         namespace, *rest = row
@@ -87,7 +88,7 @@ class _Table:
     def row(self, prefix: str, key: bytes) -> tuple[Any, ...]:
         parts = key.decode()[len(prefix) + len(self.name) + 2 :].split("/")
         decoded: list[Any] = [urllib.parse.unquote(p) for p in parts]
-        if self.name in ("runs", "items"):  # the last part is an integer: slot, item id
+        if self.numbered:
             decoded[-1] = int(decoded[-1])
         return tuple(decoded)
 
@@ -96,10 +97,10 @@ _TABLES: Final = {
     table.name: table
     for table in (
         _Table(LEASE_TABLE, LeaseRecord),
-        _Table("runs", RunRecord),
+        _Table("runs", RunRecord, numbered=True),
         _Table("jobs", JobRecord),
         _Table("replicas", ReplicaRecord),
-        _Table("items", QueueItem),
+        _Table("items", QueueItem, numbered=True),
         _Table("checkpoints", CheckpointRecord),
     )
 }
