@@ -1,9 +1,10 @@
-"""fleetcron on PostgreSQL deployments built for failover, beside one server: the lock cycle
-and the scheduler, through a primary with a synchronous standby and with an asynchronous one.
+"""fleetcron on deployments built for failover, beside one server: the lock cycle and the
+scheduler through a PostgreSQL primary with a synchronous standby and with an asynchronous
+one, and on a 3-member etcd cluster; how long a fleet on etcd waits when its leader dies.
 
 Run from the project root::
 
-    .venv/bin/python bench/ha.py                       # about 4 minutes
+    .venv/bin/python bench/ha.py                       # about 6 minutes
     .venv/bin/python bench/ha.py --cycles 300 --rounds 3 --scheduler 200x4   # smoke run
 
 Method: three deployments of PostgreSQL 15 of the bench's own (temporary directories,
@@ -13,7 +14,9 @@ and tests/fault/pg_pair.py), all on this machine:
 - ``single``: one server;
 - ``sync``: a primary and a streaming standby named in ``synchronous_standby_names``
   (``FIRST 1``, ``synchronous_commit = on``): every commit waits for the standby's flush;
-- ``async``: the same pair without ``synchronous_standby_names``.
+- ``async``: the same pair without ``synchronous_standby_names``;
+- ``etcd``: three etcd 3.4 members (tests/etcd_server.py: data under ``/dev/shm``,
+  heartbeat 50 ms, election timeout 500 ms), reached as ``etcd://m1,m2,m3/bench``.
 
 fleetcron reaches a pair through its multi-host URL (``h1:p1,h2:p2``, which connects to the
 writable server). **Lock cycle** (acquire + release, ``Fleet.try_lock`` without keepalive):
@@ -21,9 +24,15 @@ writable server). **Lock cycle** (acquire + release, ``Fleet.try_lock`` without 
 a fresh random order, wall time per cycle. **Scheduler**: ``bench/scheduler.py`` per
 deployment and size (``--scheduler 200x4,1000x8``: jobs × replicas, every job every
 second), one after the other; its summary's runs, slots run twice or never, and lag of a
-run's start behind its slot. Standby and primary share the machine's two cores, so a
-standby's replay competes with the clients: these are figures of one box, not of a
-network.
+run's start behind its slot. Standby and primary (or the three members) share the machine's
+two cores, so replication competes with the clients: these are figures of one box, not of
+a network.
+
+**Leader loss** (etcd, ``--leader-kills``): a client takes and releases a lock of a new
+name, one cycle after another, on a cluster of its own; the leader is SIGKILLed while it
+does; the time from the kill to the first cycle that completes after it is the fleet's wait
+(a cycle in flight at the kill fails or waits for the new leader), then the member is
+restarted and the cluster left to settle before the next kill.
 
 Results: a markdown table on stdout and ``bench/results/ha.json`` (``--out``).
 """
@@ -40,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,17 +58,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
+from etcd_server import EtcdCluster  # noqa: E402
 from fault.pg_pair import PostgresPair  # noqa: E402
 from fault.servers import PostgresCluster  # noqa: E402
 from locks import fleetcron_runner  # noqa: E402  (bench/, this script's folder)
 
 RESULTS = ROOT / "bench" / "results" / "ha.json"
-DEPLOYMENTS = ("single", "sync", "async")
+DEPLOYMENTS = ("single", "sync", "async", "etcd")
 
 
 @contextlib.contextmanager
 def deployment(kind: str, tmp: Path) -> Iterator[str]:
     """The fleetcron URL of a running deployment of ``kind``, stopped on exit."""
+    if kind == "etcd":
+        cluster = EtcdCluster(3)
+        try:
+            yield cluster.url + "/bench"
+        finally:
+            cluster.close()
+        return
     if kind == "single":
         server = PostgresCluster(tmp / kind)
         try:
@@ -115,6 +133,61 @@ def lock_cycles(urls: dict[str, str], cycles: int, rounds: int) -> dict[str, dic
             "mean_ms": statistics.fmean(ordered) * 1e3,
         }
     return result
+
+
+def leader_loss(kills: int) -> dict[str, Any]:
+    """Seconds from each SIGKILL of the etcd leader to the first lock cycle completed after
+    it, on a cluster of its own (see the docstring)."""
+    from fleetcron import Fleet
+    from fleetcron.errors import StoreError
+
+    waits: list[float] = []
+    failed = 0
+    with EtcdCluster(3) as cluster:
+        fleet = Fleet(cluster.url + "/bench", namespace="bench-leader-loss")
+        done = threading.Event()
+        completed: list[float] = []
+        errors: list[float] = []
+
+        def cycles() -> None:
+            index = 0
+            while not done.is_set():
+                index += 1
+                try:
+                    lease = fleet.try_lock(f"loss-{index}", lock_at_most="30s", keepalive=False)
+                    if lease is not None:
+                        lease.release()
+                    completed.append(time.monotonic())
+                except StoreError:
+                    errors.append(time.monotonic())
+
+        worker = threading.Thread(target=cycles, name="cycles")
+        worker.start()
+        try:
+            for _ in range(kills):
+                time.sleep(1.0)  # cycles before the kill: part of the method, not a wait
+                leader = cluster.leader()
+                cluster.kill9(leader)
+                killed = time.monotonic()
+                give_up = killed + 60
+                while not any(t > killed for t in completed[-50:]):
+                    if time.monotonic() > give_up:
+                        raise RuntimeError("no lock cycle completed within 60 s of the kill")
+                    time.sleep(0.001)  # polling the worker's list, bounded above
+                waits.append(min(t for t in completed[-50:] if t > killed) - killed)
+                cluster.heal()
+        finally:
+            done.set()
+            worker.join(60)
+            fleet.close()
+        failed = len(errors)
+    return {
+        "kills": len(waits),
+        "waits_s": [round(w, 3) for w in waits],
+        "median_s": statistics.median(waits) if waits else None,
+        "max_s": max(waits) if waits else None,
+        "cycles_failed": failed,
+    }
 
 
 def scheduler(url: str, jobs: int, replicas: int, duration: float, tmp: Path) -> dict[str, Any]:
@@ -181,6 +254,15 @@ def _table(results: dict[str, Any]) -> str:
             f"{s['all_lag_ms_p50']:.0f} | "
             f"{s['all_lag_ms_p99']:.0f} |"
         )
+    loss = results.get("leader_loss")
+    if loss:
+        waits = ", ".join(f"{w:.2f}" for w in loss["waits_s"])
+        lines += [
+            "",
+            f"etcd leader SIGKILLed {loss['kills']} times: first lock cycle after "
+            f"{waits} s (median {loss['median_s']:.2f} s, max {loss['max_s']:.2f} s); "
+            f"{loss['cycles_failed']} cycles failed",
+        ]
     return "\n".join(lines)
 
 
@@ -207,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--duration", type=float, default=20.0, help="scheduler's measured seconds")
     parser.add_argument("--only", default=",".join(DEPLOYMENTS), help="deployments to run")
+    parser.add_argument("--leader-kills", type=int, default=5, help="etcd leader SIGKILLs")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     args = parser.parse_args(argv)
     kinds = [kind for kind in DEPLOYMENTS if kind in args.only.split(",")]
@@ -223,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                     results["scheduler"].append(
                         {"deployment": kind, "size": f"{jobs}×{replicas}", "summary": summary}
                     )
+        if "etcd" in kinds and args.leader_kills:
+            results["leader_loss"] = leader_loss(args.leader_kills)
     results["meta"] = {
         "started_utc": started,
         "args": {k: str(v) for k, v in vars(args).items()},

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         for backend in scenario.backends:
             if args.backend and backend not in args.backend:
                 continue
+            if args.fast and not scenario.fast_on(backend):
+                continue
             keep = args.keep / f"{scenario.name}-{backend}" if args.keep else None
             result = run_scenario(scenario, backend, keep=keep)
             results.append(result)

@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import time
 
-from fault.failover import _JOBS, _LEASE, _LOST_OK, _expect_every_slot, _mono, _of, _start
+from fault.load import (
+    JOBS,
+    LEASE,
+    LOST_OK,
+    SECOND,
+    events_of,
+    expect_every_slot,
+    mono,
+    start_load,
+)
 from fault.runner import Run, Scenario, ScenarioFailed, wait_until
 from fleetcron.stores.redis.keys import lease_key
 from redis_cluster import RedisCluster
 
 __all__ = ["CLUSTER_SCENARIOS"]
-
-SECOND = 1_000_000
 
 
 def _cluster(run: Run) -> RedisCluster:
@@ -41,11 +48,11 @@ def cluster_master_sigkill(run: Run) -> None:
     """SIGKILL of the master serving the lease: the fleet resumes on the promoted replica,
     fences keep increasing; what the failover lost is allowed and counted."""
     cluster = _cluster(run)
-    _start(run, ttl_ms=3000, hold_ms=1500, keepalive=True)
-    victim = cluster.master_of(lease_key(run.namespace, _LEASE))
-    grants_before = len(_of(run.histories(), "acquire_ok"))
+    start_load(run, ttl_ms=3000, hold_ms=1500, keepalive=True)
+    victim = cluster.master_of(lease_key(run.namespace, LEASE))
+    grants_before = len(events_of(run.histories(), "acquire_ok"))
     cluster.nodes.kill(victim)
-    killed = _mono()
+    killed = mono()
     run.fault(f"SIGKILL the master serving the lease ({victim})")
     started = time.monotonic()
     wait_until(
@@ -58,22 +65,23 @@ def cluster_master_sigkill(run: Run) -> None:
 
     def resumed() -> bool:
         events = run.histories()
-        grants = [e for e in _of(events, "acquire_ok") if e.mono_us > killed]
+        grants = [e for e in events_of(events, "acquire_ok") if e.mono_us > killed]
         runs = {
-            job: [e for e in _of(events, "run_start", job) if e.mono_us > killed] for job in _JOBS
+            job: [e for e in events_of(events, "run_start", job) if e.mono_us > killed]
+            for job in JOBS
         }
         return len(grants) >= 2 and all(len(started) >= 2 for started in runs.values())
 
     wait_until(resumed, timeout=60, what="grants and runs of each job after the failover")
     events = run.histories()
-    first = min(e.mono_us for e in _of(events, "acquire_ok") if e.mono_us > killed)
+    first = min(e.mono_us for e in events_of(events, "acquire_ok") if e.mono_us > killed)
     run.figures["kill_to_grant_s"] = round((first - killed) / SECOND, 2)
     run.figures["grants_before_kill"] = grants_before
     run.figures["calls_failed"] = sum(
         1 for e in events if e.event.endswith("_error") and e.mono_us > killed
     )
     run.stop_all()
-    _expect_every_slot(run)
+    expect_every_slot(run)
 
 
 CLUSTER_SCENARIOS: tuple[Scenario, ...] = (
@@ -84,7 +92,7 @@ CLUSTER_SCENARIOS: tuple[Scenario, ...] = (
         backends=("redis",),
         needs="cluster",
         allow=frozenset({"overlap", "slot_accounting"}),
-        ok_states=_LOST_OK,
+        ok_states=LOST_OK,
     ),
 )
 """The Redis Cluster scenarios, registered in :data:`fault.scenarios.SCENARIOS`."""

@@ -65,21 +65,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fault.history import Event
+from fault.load import (
+    JOBS,
+    LEASE,
+    LOCKERS,
+    LOST_OK,
+    SECOND,
+    events_of,
+    expect_every_slot,
+    mono,
+    ok_runs_started_after,
+    start_load,
+)
 from fault.pg_pair import PostgresPair
 from fault.runner import Run, Scenario, ScenarioFailed, wait_until
 from fault.runs import ClockSample
-from fleetcron.errors import StoreError
 from fleetcron.models import RunRecord
 
 __all__ = ["FAILOVER_SCENARIOS"]
 
-SECOND = 1_000_000
-_LEASE = "res"
-_JOBS = ("tick", "tock")
-_LOCKERS = 3
-# A run recovered after its replica could not record its outcome in time ends "lost"; one
-# stopped because its lease was lost ends "cancelled": honest outcomes under a failover.
-_LOST_OK = frozenset({"succeeded", "lost", "cancelled"})
 # Calls are bounded by the URL's timeout (the pair's, 2 s); a loaded 2-core machine may
 # deschedule a worker for a while after its watchdog fired.
 _SLACK_S = 3.0
@@ -87,10 +91,6 @@ _OPS = ("acquire", "extend", "release")
 _OUTCOMES = frozenset(
     f"{op}_{end}" for op in _OPS for end in ("ok", "refused", "error", "lost")
 ) - {"acquire_lost"}
-
-
-def _mono() -> int:
-    return time.monotonic_ns() // 1000
 
 
 def _pair(run: Run) -> PostgresPair:
@@ -130,47 +130,6 @@ def _calls(events: Iterable[Event]) -> list[_Call]:
     return calls
 
 
-def _of(events: Iterable[Event], kind: str, name: str | None = None) -> list[Event]:
-    return [e for e in events if e.event == kind and (name is None or e.name == name)]
-
-
-def _ok_runs_started_after(events: Sequence[Event], job: str, mono: int) -> int:
-    """How many runs of ``job`` started after ``mono`` and ended well."""
-    started = {
-        (e.worker, e.fence, e.slot_us) for e in _of(events, "run_start", job) if e.mono_us > mono
-    }
-    return sum(
-        1
-        for e in _of(events, "run_end", job)
-        if (e.worker, e.fence, e.slot_us) in started and e.data.get("outcome") == "ok"
-    )
-
-
-# -- the phases --------------------------------------------------------------------------
-def _start(run: Run, *, ttl_ms: int, hold_ms: int, keepalive: bool) -> None:
-    """Contenders holding a lease of ``ttl_ms`` for ``hold_ms`` — they run until the
-    scenario stops them — and replicas; returns once both have been granted and run a few
-    times."""
-    run.lockers(
-        _LOCKERS,
-        name=_LEASE,
-        ttl_ms=ttl_ms,
-        hold_ms=hold_ms,
-        writes=max(3, hold_ms // 500),
-        duration_s=600,
-        keepalive=keepalive,
-    )
-    run.replicas(2, run.jobs_file(list(_JOBS), every="1s", work_s=0.2, lock_at_most="4s"))
-
-    def working() -> bool:
-        events = run.histories()
-        return len(_of(events, "acquire_ok")) >= 3 and all(
-            _ok_runs_started_after(events, job, 0) >= 2 for job in _JOBS
-        )
-
-    wait_until(working, timeout=60, what="grants and two runs of each job before the cut")
-
-
 @dataclass
 class _Failover:
     """When each step happened (CLOCK_MONOTONIC µs) and what the standby held."""
@@ -194,7 +153,7 @@ def _cut(run: Run, pair: PostgresPair) -> _Failover:
     """Stop replication; the times are read once it is stopped, so whatever was asked
     after them (a call invoked, a slot due) was committed after the cut."""
     pid = pair.cut()
-    steps = _Failover(cut=_mono(), cut_store_us=run.store_now())
+    steps = _Failover(cut=mono(), cut_store_us=run.store_now())
     run.fault(f"cut replication: SIGSTOP the primary's walsender (pid {pid})")
     return steps
 
@@ -216,14 +175,14 @@ def _sync_waits(run: Run, pair: PostgresPair, steps: _Failover, *, cancel: bool)
         ]
 
     wait_until(
-        lambda: len(timed_out()) >= _LOCKERS,
+        lambda: len(timed_out()) >= LOCKERS,
         timeout=30,
-        what=f"{_LOCKERS} calls to time out after {timeout:g} s",
+        what=f"{LOCKERS} calls to time out after {timeout:g} s",
     )
     run.fault("commits wait for the standby; calls time out")
     if not cancel:
         return
-    began = _mono()
+    began = mono()
     # Two seconds of the store's clock at least: two slots of each job, whose claims (and
     # the replicas' tries again) meet the rows the cancelled commits left on the primary.
     until = run.store_now() + 2 * SECOND
@@ -258,10 +217,12 @@ def _async_acks(run: Run, steps: _Failover, *, grant_after_us: int) -> None:
 
     def acknowledged() -> bool:
         events = run.histories()
-        claims = {e.name for e in _of(events, "run_start") if (e.slot_us or 0) > steps.cut_store_us}
+        claims = {
+            e.name for e in events_of(events, "run_start") if (e.slot_us or 0) > steps.cut_store_us
+        }
         late = steps.cut_store_us + grant_after_us
         granted = any((e.store_us or 0) > late for e in _granted_in_cut(events, steps))
-        return granted and claims == set(_JOBS)
+        return granted and claims == set(JOBS)
 
     wait_until(acknowledged, timeout=30, what="grants and claims acknowledged during the cut")
 
@@ -283,9 +244,7 @@ def _ledger_of(run: Run, url: str) -> tuple[RunRecord, ...]:
     it during the cut, the standby before its promotion)."""
     with run.store(url) as store:
         return tuple(
-            row
-            for job in _JOBS
-            for row in store.run(store.ops.run_list(run.namespace, job, 10_000))
+            row for job in JOBS for row in store.run(store.ops.run_list(run.namespace, job, 10_000))
         )
 
 
@@ -296,17 +255,17 @@ def _crash_and_promote(run: Run, pair: PostgresPair, steps: _Failover) -> None:
     steps.crash_store_us = run.store_now()
     steps.doomed = _ledger_of(run, pair.primary_url)
     pair.crash_primary()
-    steps.crash = _mono()
+    steps.crash = mono()
     run.fault("SIGKILL the primary and every process it forked")
     wait_until(pair.replayed, timeout=30, what="the standby to replay what it received")
     with run.store(pair.standby_url) as store:
-        lease = store.run(store.ops.lease_get(run.namespace, _LEASE))
+        lease = store.run(store.ops.lease_get(run.namespace, LEASE))
         steps.fence = 0 if lease is None else lease.fence
     steps.rows = _ledger_of(run, pair.standby_url)
     started = time.monotonic()
     pair.promote()
     pair.clear_synchronous()
-    steps.promoted = _mono()
+    steps.promoted = mono()
     run.fault("promote the standby (pg_ctl promote), clear synchronous_standby_names")
     run.figures["promotion_s"] = round(time.monotonic() - started, 2)
     timeline = pair.timeline()
@@ -316,31 +275,16 @@ def _crash_and_promote(run: Run, pair: PostgresPair, steps: _Failover) -> None:
 
     def working() -> bool:
         events = run.histories()
-        granted = any(e.mono_us > steps.promoted for e in _of(events, "acquire_ok"))
+        granted = any(e.mono_us > steps.promoted for e in events_of(events, "acquire_ok"))
         return granted and all(
-            _ok_runs_started_after(events, job, steps.promoted) >= 2 for job in _JOBS
+            ok_runs_started_after(events, job, steps.promoted) >= 2 for job in JOBS
         )
 
     wait_until(working, timeout=90, what="a grant and two runs of each job after the promotion")
-    first = min(e.mono_us for e in _of(run.histories(), "acquire_ok") if e.mono_us > steps.crash)
+    first = min(
+        e.mono_us for e in events_of(run.histories(), "acquire_ok") if e.mono_us > steps.crash
+    )
     run.figures["crash_to_grant_s"] = round((first - steps.crash) / SECOND, 2)
-
-
-def _expect_every_slot(run: Run) -> list[RunRecord]:
-    """The final ledger (read from the new primary); every slot between each job's first
-    and last row is expected."""
-    rows: list[RunRecord] = []
-    for job in _JOBS:
-        try:
-            mine = run.ledger(job)
-        except StoreError as exc:
-            raise ScenarioFailed(f"the new primary did not answer: {exc}") from exc
-        if not mine:
-            raise ScenarioFailed(f"no ledger row for {job}")
-        slots = [row.slot_us for row in mine]
-        run.expected_slots[job] = list(range(min(slots), max(slots) + 1, SECOND))
-        rows += mine
-    return rows
 
 
 # -- the verdict -------------------------------------------------------------------------
@@ -364,29 +308,31 @@ def _old_runs(events: Iterable[Event], steps: _Failover) -> list[Event]:
     than that after the crash (it is promoted first), at a clock, or a timeline, above."""
     return [
         e
-        for e in _of(events, "run_start")
+        for e in events_of(events, "run_start")
         if e.mono_us < steps.crash or (e.fence or 0) <= steps.crash_store_us + 50_000
     ]
 
 
 def _losses(run: Run, steps: _Failover, final: Sequence[RunRecord]) -> _Losses:
     events = run.histories()
-    before = [e for e in _of(events, "acquire_ok") if e.mono_us < steps.crash]
-    after = [e for e in _of(events, "acquire_ok") if e.mono_us > steps.crash]
+    before = [e for e in events_of(events, "acquire_ok") if e.mono_us < steps.crash]
+    after = [e for e in events_of(events, "acquire_ok") if e.mono_us > steps.crash]
     kept = {(row.job, row.slot_us): row.fence for row in steps.rows}
     starts = _old_runs(events, steps)
     final_slots = {(row.job, row.slot_us) for row in final}
     claims = [e for e in starts if kept.get((e.name, e.slot_us or 0), -1) < (e.fence or 0)]
-    missing = [e for e in _of(events, "run_start") if (e.name, e.slot_us or 0) not in final_slots]
+    missing = [
+        e for e in events_of(events, "run_start") if (e.name, e.slot_us or 0) not in final_slots
+    ]
     back: list[str] = []
     old = max((e.fence or 0 for e in before), default=0)
     new = min((e.fence or 0 for e in after), default=None)
     run.figures["lease_fence_before"] = old
     run.figures["lease_fence_after"] = new
     if new is not None and new <= old:
-        back.append(f"lease {_LEASE!r}: fence {new} granted after the failover, {old} before")
+        back.append(f"lease {LEASE!r}: fence {new} granted after the failover, {old} before")
     known = {(row.job, row.slot_us, row.fence) for row in steps.rows}
-    for job in _JOBS:
+    for job in JOBS:
         old_runs = [e.fence or 0 for e in starts if e.name == job]
         old_runs += [row.fence for row in steps.rows if row.job == job]
         new_runs = [
@@ -479,12 +425,12 @@ def _no_hang(run: Run, steps: _Failover, timeout: float) -> None:
 def _failover_sync(run: Run, *, cancel: bool) -> None:
     pair = _pair(run)
     # Short holds: many grants and releases, each waiting for the standby during the cut.
-    _start(run, ttl_ms=3000, hold_ms=300, keepalive=True)
+    start_load(run, ttl_ms=3000, hold_ms=300, keepalive=True)
     steps = _cut(run, pair)
     _sync_waits(run, pair, steps, cancel=cancel)
     _crash_and_promote(run, pair, steps)
     run.stop_all()
-    final = _expect_every_slot(run)
+    final = expect_every_slot(run)
     losses = _losses(run, steps, final)
     _figures(run, steps, losses, pair.timeout_s)
     _no_hang(run, steps, pair.timeout_s)
@@ -531,7 +477,7 @@ def _failover_async(run: Run, *, clock_behind_s: float) -> None:
         # standby kept of the lease has expired by then on the old primary's clock, so the
         # new primary's first grant comes while its clock (behind) is still below that
         # lost grant's — a fence from its clock alone would go back.
-        _start(run, ttl_ms=1000, hold_ms=300, keepalive=False)
+        start_load(run, ttl_ms=1000, hold_ms=300, keepalive=False)
         steps = _cut(run, pair)
         _async_acks(run, steps, grant_after_us=1_100_000)
     else:
@@ -539,7 +485,7 @@ def _failover_async(run: Run, *, clock_behind_s: float) -> None:
         # and writes, when the new primary (which never heard of its grant) grants the
         # lease again — the overlap the lost write costs, and the fence that stops its
         # writes.
-        _start(run, ttl_ms=3000, hold_ms=2500, keepalive=False)
+        start_load(run, ttl_ms=3000, hold_ms=2500, keepalive=False)
         steps = _cut(run, pair)
         _async_acks(run, steps, grant_after_us=0)
     _crash_and_promote(run, pair, steps)
@@ -552,7 +498,7 @@ def _failover_async(run: Run, *, clock_behind_s: float) -> None:
     if offset < -0.1:
         _lower_old_samples(run, steps, -offset)
     run.stop_all()
-    final = _expect_every_slot(run)
+    final = expect_every_slot(run)
     losses = _losses(run, steps, final)
     _figures(run, steps, losses, pair.timeout_s)
     acked = run.figures["grants_acked_in_cut"] + run.figures["claims_acked_in_cut"]
@@ -612,7 +558,7 @@ FAILOVER_SCENARIOS: tuple[Scenario, ...] = (
         backends=("postgres",),
         needs="pair",
         fast=True,
-        ok_states=_LOST_OK,
+        ok_states=LOST_OK,
         server_options={"postgres": {"synchronous": True}},
     ),
     Scenario(
@@ -622,7 +568,7 @@ FAILOVER_SCENARIOS: tuple[Scenario, ...] = (
         backends=("postgres",),
         needs="pair",
         allow=_CANCELLED_ALLOWED,
-        ok_states=_LOST_OK,
+        ok_states=LOST_OK,
         server_options={"postgres": {"synchronous": True}},
     ),
     Scenario(
@@ -632,7 +578,7 @@ FAILOVER_SCENARIOS: tuple[Scenario, ...] = (
         backends=("postgres",),
         needs="pair",
         allow=_ASYNC_ALLOWED,
-        ok_states=_LOST_OK,
+        ok_states=LOST_OK,
         server_options={"postgres": {"synchronous": False}},
     ),
     Scenario(
@@ -643,7 +589,7 @@ FAILOVER_SCENARIOS: tuple[Scenario, ...] = (
         needs="pair",
         fast=True,
         allow=_ASYNC_ALLOWED,
-        ok_states=_LOST_OK,
+        ok_states=LOST_OK,
         server_options={"postgres": {"synchronous": False, "standby_offset_s": -5.0}},
     ),
 )

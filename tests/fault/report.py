@@ -9,9 +9,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from services import STORES as BACKENDS
+from fault.runner import BACKENDS
 
-NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "mysql": "MariaDB", "redis": "Redis"}
+NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "mysql": "MariaDB", "redis": "Redis", "etcd": "etcd"}
 
 
 def _cell(result: dict[str, Any] | None) -> str:

@@ -47,7 +47,9 @@ __all__ = [
     "wait_until",
 ]
 
-BACKENDS = STORES
+BACKENDS = (*STORES, "etcd")
+"""Every backend a scenario may run on: the services', and etcd on three members of the
+run's own (:class:`~fault.etcd_members.EtcdMembers`) whatever the scenario's ``needs``."""
 ROOT = Path(__file__).resolve().parents[2]
 _TESTS = ROOT / "tests"
 
@@ -222,6 +224,12 @@ class Run:
         goes through it."""
         from fault.proxy import FaultProxy
 
+        if self.backend == "etcd":
+            from fault.etcd_members import proxied_etcd_url
+
+            url, group = proxied_etcd_url(self.url)
+            self.proxies.append(group)
+            return url, group
         parts = urlsplit(self.url)
         host, port = parts.hostname or "127.0.0.1", parts.port
         if port is None:
@@ -439,7 +447,9 @@ class Scenario:
     its own, which the body may restart or pause), ``"pair"`` (PostgreSQL only: a
     :class:`~fault.pg_pair.PostgresPair` of its own, primary and streaming standby, which
     the body may fail over; ``run.url`` names both), ``"cluster"`` (Redis only: a
-    :class:`~redis_cluster.RedisCluster` of its own, three masters and three replicas)."""
+    :class:`~redis_cluster.RedisCluster` of its own, three masters and three replicas).
+    On etcd every scenario has three members of its own
+    (:class:`~fault.etcd_members.EtcdMembers`)."""
 
     name: str
     summary: str
@@ -447,12 +457,21 @@ class Scenario:
     backends: tuple[str, ...] = BACKENDS
     needs: str = "shared"
     fast: bool = False
+    fast_backends: tuple[str, ...] | None = None
+    """Where the fast subset runs it (``fast`` only): ``None``, on each of its backends but
+    etcd (three members of their own cost seconds a case)."""
     allow: frozenset[str] = frozenset()
     server_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per backend: the keyword arguments of its owned server."""
     ok_states: frozenset[str] = frozenset({"succeeded"})
     store_clock: bool = False
     """Run the owned server under a :class:`~fault.clock.SteppableClock` (``run.store_clock``)."""
+
+    def fast_on(self, backend: str) -> bool:
+        """Whether the fast subset runs this scenario on ``backend``."""
+        if not self.fast or backend not in self.backends:
+            return False
+        return backend in self.fast_backends if self.fast_backends else backend != "etcd"
 
 
 @dataclass
@@ -508,6 +527,12 @@ def _store_for(
     (or ``None``)."""
     if backend == "sqlite":
         return f"sqlite:///{tmp / 'store.db'}", None, None
+    if backend == "etcd":
+        from fault.etcd_members import EtcdMembers
+
+        members = EtcdMembers()
+        stack.callback(members.close)
+        return members.url, members, None
     if scenario.needs == "shared":
         return SERVICE_URLS[backend], None, None
     from fault import servers

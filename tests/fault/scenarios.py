@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from fault.clock import SteppableClock, faketime_env
 from fault.cluster_failover import CLUSTER_SCENARIOS
+from fault.etcd_failover import ETCD_SCENARIOS
 from fault.failover import FAILOVER_SCENARIOS
 from fault.runner import ROOT, Proc, Run, Scenario, ScenarioFailed, child_env, wait_until
 from fault.servers import read_only_dir, small_tmpfs
@@ -32,6 +33,8 @@ SECOND = 1_000_000
 # "cancelled" when its replica found the lease lost and stopped it: honest outcomes of that
 # slot under faults, not anomalies.
 _LOST_OK = frozenset({"succeeded", "lost", "cancelled"})
+_SERVERS = ("postgres", "mysql", "redis", "etcd")
+"""The backends with a server (a proxy can stand in front of it, it can be restarted)."""
 
 
 def _holder_proc(run: Run, procs: list[Proc], name: str = "res") -> Proc:
@@ -662,26 +665,26 @@ SCENARIOS: tuple[Scenario, ...] = (
         "delayed_responses",
         "a contender's connection delayed past the lease",
         delayed_responses,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
     ),
     Scenario(
         "blackhole_holder",
         "the holder's connection blackholed past its lease",
         blackhole_holder,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
         fast=True,
     ),
     Scenario(
         "reset_connections",
         "connections reset mid-operation",
         reset_connections,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
     ),
     Scenario(
         "jittery_latency",
         "latency about the lease, with jitter",
         jittery_latency,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
     ),
     Scenario("client_clock_ahead", "client clocks +10 min", _skewed(600), fast=True),
     Scenario("client_clock_behind", "client clocks −10 min", _skewed(-600)),
@@ -689,7 +692,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "store_restart",
         "store server restarted (immediate) twice",
         store_restart,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
         needs="owned",
         server_options={"redis": {"persistence": "aof"}},
     ),
@@ -697,6 +700,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "store_clock_forward",
         "store clock stepped forward mid-hold (5 s, then 10 min)",
         store_clock_forward,
+        # Not etcd: libfaketime cannot move the clock of a Go program.
         backends=("postgres", "mysql", "redis"),
         needs="owned",
         store_clock=True,
@@ -706,7 +710,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "store_restart_claims",
         "store restarted (immediate) during replicas' batch claims",
         store_restart_claims,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
         needs="owned",
         ok_states=_LOST_OK,
         server_options={"redis": {"persistence": "aof"}},
@@ -715,7 +719,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "store_paused",
         "store server SIGSTOPped past the lease",
         store_paused,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
         needs="owned",
     ),
     Scenario("replicas_baseline", "three replicas, a job every second", replicas_baseline),
@@ -730,7 +734,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "short_outages",
         "every connection cut for 3 s (shorter than the lease) while a run is in flight",
         short_outages,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
         fast=True,
     ),
     Scenario(
@@ -794,15 +798,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         "half_closed",
         "a connection half-closed",
         half_closed,
-        backends=("postgres", "mysql", "redis"),
+        backends=_SERVERS,
     ),
-    Scenario(
-        "thin_pipe", "a 2 KB/s connection", thin_pipe, backends=("postgres", "mysql", "redis")
-    ),
+    Scenario("thin_pipe", "a 2 KB/s connection", thin_pipe, backends=_SERVERS),
     Scenario("soak", "random faults every few seconds", soak, ok_states=_LOST_OK),
     Scenario("exec_crowd", "six crons firing fleetcron exec at once", exec_crowd),
     *FAILOVER_SCENARIOS,
     *CLUSTER_SCENARIOS,
+    *ETCD_SCENARIOS,
 )
 
 

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 FAST = [
     pytest.param(scenario, backend, id=f"{scenario.name}-{backend}")
     for scenario in SCENARIOS
-    if scenario.fast
     for backend in scenario.backends
+    if scenario.fast_on(backend)
 ]
 
 
@@ -50,7 +50,7 @@ def _require_pair_tools(scenario: Scenario) -> None:
 
 @pytest.mark.parametrize(("scenario", "backend"), FAST)
 def test_fast_scenario(scenario: Scenario, backend: str) -> None:
-    if backend != "sqlite" and scenario.needs == "shared":
+    if backend not in ("sqlite", "etcd") and scenario.needs == "shared":
         require_service(backend)
     if scenario.needs == "pair":
         _require_pair_tools(scenario)

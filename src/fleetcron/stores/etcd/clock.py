@@ -12,9 +12,9 @@ straddles the member's tick to the next second — narrows them to about one rou
 the monotonic clock's drift against the member's widens them as they age (``drift``, 200
 ppm by default: ten times what NTP keeps a clock within). An answer outside the bounds
 means the member's clock stepped (or the client moved to a member whose clock differs):
-the bounds start again from that answer alone. No client wall clock enters: decisions that
-must not come early (a slot claimed only once its time has come at the store) use the low
-bound, which is never ahead of the member.
+the bounds start again from that answer alone. No client wall clock enters the bounds; the
+store (``store._StoreClock``) takes the host's clock when it lies within them and the low
+bound, never ahead of the member, when it does not.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from fleetcron.stores.base import (
 )
 from fleetcron.stores.etcd.async_client import AsyncEtcdClient
 from fleetcron.stores.etcd.client import EtcdClient
+from fleetcron.stores.etcd.doctor import EtcdFacts
 from fleetcron.stores.etcd.errors import EtcdError, EtcdTooManyOps
 from fleetcron.stores.etcd.messages import (
     Endpoint,
@@ -51,6 +52,7 @@ from fleetcron.stores.etcd.messages import (
     Txn,
     TxnResponse,
     parse_endpoints,
+    prefix_end,
 )
 from fleetcron.stores.etcd.pinned import Pinned
 from fleetcron.stores.etcd.view import View
@@ -257,17 +259,27 @@ def transact(prefix: str, scoped: Scoped) -> Operation[Any]:
 
 
 class _StoreClock:
-    """The store clock from a client's bounds of its pinned member (µs), never going
-    back within this store."""
+    """The store clock (µs) from a client's bounds of its pinned member: this host's clock
+    when it lies within them, else their low bound; never going back within this store.
 
-    def __init__(self) -> None:
+    The bounds are up to a second wide in a client's first seconds (``Date`` headers count
+    seconds), so two clients' low bounds may differ by that much: their times would not
+    compare. Hosts that NTP keeps within milliseconds of the member read the same instant
+    within milliseconds, and a host's clock inside the bounds is no further from the
+    member than they are wide. A host clock outside them (off, or stepped) is not used:
+    the low bound is never ahead of the member, so no slot comes early there."""
+
+    def __init__(self, wall: Callable[[], float] = time.time) -> None:
+        self._wall = wall
         self._last = 0
 
     def now(self, client: Pinned) -> int | None:
         bounds = client.clock()
         if bounds is None:
             return None
-        self._last = max(self._last, int(bounds.low * 1_000_000))
+        host = self._wall()
+        member = host if bounds.low <= host < bounds.high else bounds.low
+        self._last = max(self._last, int(member * 1_000_000))
         return self._last
 
 
@@ -384,6 +396,40 @@ class EtcdStore:
     def migrate(self) -> list[str]:
         """etcd keeps no schema; nothing to apply."""
         return []
+
+    def doctor_facts(self) -> tuple[EtcdFacts]:
+        """What ``fleetcron doctor`` judges of the cluster: members, alarms, database size
+        and the store's keys (:mod:`fleetcron.stores.etcd.doctor`)."""
+        try:
+            with self._lock:
+                sent = time.monotonic()
+                status = self._client.status()
+                round_trip = time.monotonic() - sent
+                bounds = self._client.clock()
+                host = time.time()
+                endpoint = str(self._client.endpoint)
+                members = self._client.member_list()
+                alarms = self._client.alarm_list()
+                top = f"{self.prefix}/".encode()
+                keys = self._client.range(top, prefix_end(top), count_only=True).count
+        except EtcdError as exc:
+            raise _translate(exc) from exc
+        return (
+            EtcdFacts(
+                endpoint=endpoint,
+                version=status.version,
+                members=tuple(m.name or f"{m.id:x}" for m in members),
+                leader=status.leader,
+                db_size=status.db_size,
+                db_size_in_use=status.db_size_in_use,
+                alarms=tuple(f"{a.alarm} (member {a.member_id:x})" for a in alarms),
+                prefix=self.prefix,
+                keys=keys,
+                round_trip_s=round_trip,
+                clock_low_s=None if bounds is None else bounds.low - host,
+                clock_high_s=None if bounds is None else bounds.high - host,
+            ),
+        )
 
     def close(self) -> None:
         self._closed.set()

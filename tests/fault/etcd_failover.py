@@ -1,0 +1,173 @@
+"""etcd member failures: the leader SIGKILLed or frozen, every member restarted in turn,
+quorum lost and regained — on three members of the run's own.
+
+Each scenario runs the load of :func:`fault.load.start_load` (three contenders renewing a
+lease of 3 s, two ``fleetcron run`` replicas with two jobs every second) against
+``etcd://m1,m2,m3/fault`` and acts on single members through
+:attr:`fault.etcd_members.EtcdMembers.cluster`. etcd commits a write only once a majority
+of members has it, so unlike an asynchronous PostgreSQL standby or Redis Cluster no fault
+here may lose an acknowledged write: no anomaly is allowed (no ``overlap``, no
+``slot_accounting``). While a majority is up the fleet must go on; while it is not, no
+lease may be granted and every run must end by its local deadline (the runner judges runs
+alive after their lease); once a majority is back the fleet must resume. The figures say
+how long each step took.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fault.etcd_members import EtcdMembers
+from fault.load import JOBS, LOST_OK, SECOND, events_of, expect_every_slot, mono, start_load
+from fault.runner import Run, Scenario, ScenarioFailed, wait_until
+
+__all__ = ["ETCD_SCENARIOS"]
+
+_TTL_MS = 3000
+
+
+def _members(run: Run) -> EtcdMembers:
+    if not isinstance(run.server, EtcdMembers):
+        raise ScenarioFailed(f"{run.scenario} needs EtcdMembers, not {run.server!r}")
+    return run.server
+
+
+def _resume(run: Run, since: int, figure: str) -> None:
+    """Wait until the contenders are granted twice and each job runs twice after ``since``
+    (monotonic µs); ``figure``: the seconds from ``since`` to the first grant."""
+
+    def resumed() -> bool:
+        events = run.histories()
+        grants = [e for e in events_of(events, "acquire_ok") if e.mono_us > since]
+        return len(grants) >= 2 and all(
+            len([e for e in events_of(events, "run_start", job) if e.mono_us > since]) >= 2
+            for job in JOBS
+        )
+
+    wait_until(resumed, timeout=60, what="grants and runs of each job after the fault")
+    first = min(e.mono_us for e in events_of(run.histories(), "acquire_ok") if e.mono_us > since)
+    run.figures[figure] = round((first - since) / SECOND, 2)
+
+
+def _finish(run: Run, since: int) -> None:
+    events = run.histories()
+    run.figures["calls_failed"] = sum(
+        1 for e in events if e.event.endswith("_error") and e.mono_us > since
+    )
+    run.stop_all()
+    expect_every_slot(run)
+
+
+def leader_sigkill(run: Run) -> None:
+    """The leader is SIGKILLed; the two others elect one of them and the fleet goes on."""
+    members = _members(run)
+    start_load(run, ttl_ms=_TTL_MS, hold_ms=1500, keepalive=True)
+    leader = members.cluster.leader()
+    members.cluster.kill9(leader)
+    killed = mono()
+    run.fault(f"SIGKILL the etcd leader (member {leader})")
+    elected = members.cluster.leader()
+    run.figures["election_s"] = round((mono() - killed) / SECOND, 2)
+    run.fault(f"member {elected} leads")
+    _resume(run, killed, "kill_to_grant_s")
+    members.cluster.heal()
+    run.fault(f"member {leader} restarted")
+    _finish(run, killed)
+
+
+def leader_sigstop(run: Run) -> None:
+    """The leader is SIGSTOPped for 4 s (longer than a lease): it answers nothing while the
+    others elect a new leader; once resumed it finds itself a follower of a newer term."""
+    members = _members(run)
+    start_load(run, ttl_ms=_TTL_MS, hold_ms=1500, keepalive=True)
+    leader = members.cluster.leader()
+    members.cluster.pause(leader)
+    paused = mono()
+    run.fault(f"SIGSTOP the etcd leader (member {leader})")
+    elected = members.cluster.leader()
+    run.figures["election_s"] = round((mono() - paused) / SECOND, 2)
+    run.fault(f"member {elected} leads")
+    _resume(run, paused, "pause_to_grant_s")
+    time.sleep(max(0.0, 4.0 - (mono() - paused) / SECOND))  # the fault's length
+    members.cluster.heal()
+    run.fault(f"member {leader} resumed")
+    _finish(run, paused)
+
+
+def rolling_restart(run: Run) -> None:
+    """Each member in turn, the leader last, is SIGKILLed and started again on its data
+    once the fleet has gone on without it — an upgrade of the cluster."""
+    members = _members(run)
+    cluster = members.cluster
+    start_load(run, ttl_ms=_TTL_MS, hold_ms=1500, keepalive=True)
+    first = mono()
+    leader = cluster.leader()
+    order = [index for index in range(len(cluster.members)) if index != leader] + [leader]
+    for step, member in enumerate(order):
+        cluster.kill9(member)
+        killed = mono()
+        run.fault(f"SIGKILL etcd member {member}")
+        _resume(run, killed, f"kill_to_grant_s_{step}")
+        cluster.heal()
+        run.fault(f"member {member} restarted")
+    _finish(run, first)
+
+
+def quorum_lost(run: Run) -> None:
+    """Two of the three members are SIGKILLed for 6 s (twice a lease): the one left cannot
+    commit, so nothing is granted, claimed or recorded and every run ends by its local
+    deadline; once both are back the fleet resumes."""
+    members = _members(run)
+    cluster = members.cluster
+    start_load(run, ttl_ms=_TTL_MS, hold_ms=1500, keepalive=True)
+    leader = cluster.leader()
+    victims = [index for index in range(len(cluster.members)) if index != leader]
+    for member in victims:
+        cluster.kill9(member)
+    killed = mono()
+    run.fault(f"SIGKILL etcd members {victims}: no quorum")
+    time.sleep(6.0)  # the fault's length
+    granted = [e for e in events_of(run.histories(), "acquire_ok") if e.mono_us > killed + SECOND]
+    if granted:
+        raise ScenarioFailed(f"{len(granted)} grant(s) heard without a quorum: {granted[0]}")
+    cluster.heal()
+    healed = mono()
+    run.fault("both members restarted: quorum regained")
+    run.figures["outage_s"] = round((healed - killed) / SECOND, 2)
+    _resume(run, healed, "heal_to_grant_s")
+    _finish(run, killed)
+
+
+ETCD_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "etcd_leader_sigkill",
+        "etcd: the leader SIGKILLed, another elected",
+        leader_sigkill,
+        backends=("etcd",),
+        fast=True,
+        fast_backends=("etcd",),
+        ok_states=LOST_OK,
+    ),
+    Scenario(
+        "etcd_leader_sigstop",
+        "etcd: the leader SIGSTOPped past a lease",
+        leader_sigstop,
+        backends=("etcd",),
+        ok_states=LOST_OK,
+    ),
+    Scenario(
+        "etcd_rolling_restart",
+        "etcd: every member SIGKILLed and restarted in turn",
+        rolling_restart,
+        backends=("etcd",),
+        ok_states=LOST_OK,
+    ),
+    Scenario(
+        "etcd_quorum_lost",
+        "etcd: two of three members down past a lease",
+        quorum_lost,
+        backends=("etcd",),
+        ok_states=LOST_OK,
+    ),
+)
+"""The etcd scenarios, registered in :data:`fault.scenarios.SCENARIOS`."""
