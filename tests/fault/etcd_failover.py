@@ -1,5 +1,6 @@
 """etcd member failures: the leader SIGKILLed or frozen, every member restarted in turn,
-quorum lost and regained — on three members of the run's own.
+the clients' links to one member blackholed, quorum lost and regained — on three members
+of the run's own.
 
 Each scenario runs the load of :func:`fault.load.start_load` (three contenders renewing a
 lease of 3 s, two ``fleetcron run`` replicas with two jobs every second) against
@@ -18,7 +19,18 @@ from __future__ import annotations
 import time
 
 from fault.etcd_members import EtcdMembers
-from fault.load import JOBS, LOST_OK, SECOND, events_of, expect_every_slot, mono, start_load
+from fault.load import (
+    JOBS,
+    LEASE,
+    LOCKERS,
+    LOST_OK,
+    SECOND,
+    events_of,
+    expect_every_slot,
+    mono,
+    ok_runs_started_after,
+    start_load,
+)
 from fault.runner import Run, Scenario, ScenarioFailed, wait_until
 
 __all__ = ["ETCD_SCENARIOS"]
@@ -113,6 +125,43 @@ def rolling_restart(run: Run) -> None:
     _finish(run, first)
 
 
+def member_blackholed(run: Run) -> None:
+    """Every client's link to the first member of the URL — the one each client calls
+    first — is blackholed (bytes accepted, nothing answered) for 8 s: each call in flight
+    waits out the URL's ``timeout`` (2 s), then the client moves to the next member and the
+    fleet goes on; the member itself stays in the cluster, and may be the leader."""
+    members = _members(run)
+    url, group = run.proxied()
+    url += "?timeout=2"
+    run.lockers(
+        LOCKERS,
+        name=LEASE,
+        url=url,
+        ttl_ms=_TTL_MS,
+        hold_ms=1500,
+        writes=3,
+        duration_s=600,
+        keepalive=True,
+    )
+    run.replicas(2, run.jobs_file(list(JOBS), every="1s", work_s=0.2, lock_at_most="4s"), url=url)
+    wait_until(
+        lambda: ok_runs_started_after(run.histories(), JOBS[0], 0) >= 2,
+        timeout=60,
+        what="two runs before the fault",
+    )
+    first = group.proxies[0]
+    first.blackhole()
+    cut = mono()
+    run.fault(f"blackhole every client's link to the first member ({members.cluster.url})")
+    _resume(run, cut, "cut_to_grant_s")
+    time.sleep(max(0.0, 8.0 - (mono() - cut) / SECOND))  # the fault's length
+    first.pass_()
+    run.fault("the first member's links pass again")
+    _finish(run, cut)
+    if not run.figures["calls_failed"]:
+        raise ScenarioFailed("no contender's call waited on the blackholed member: untested")
+
+
 def quorum_lost(run: Run) -> None:
     """Two of the three members are SIGKILLed for 6 s (twice a lease): the one left cannot
     commit, so nothing is granted, claimed or recorded and every run ends by its local
@@ -159,6 +208,13 @@ ETCD_SCENARIOS: tuple[Scenario, ...] = (
         "etcd_rolling_restart",
         "etcd: every member SIGKILLed and restarted in turn",
         rolling_restart,
+        backends=("etcd",),
+        ok_states=LOST_OK,
+    ),
+    Scenario(
+        "etcd_member_blackholed",
+        "etcd: clients' links to one member blackholed",
+        member_blackholed,
         backends=("etcd",),
         ok_states=LOST_OK,
     ),

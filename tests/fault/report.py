@@ -11,7 +11,13 @@ from typing import Any
 
 from fault.runner import BACKENDS
 
-NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "mysql": "MariaDB", "redis": "Redis", "etcd": "etcd"}
+NAMES = {
+    "sqlite": "SQLite",
+    "postgres": "PostgreSQL",
+    "mysql": "MariaDB",
+    "redis": "Redis",
+    "etcd": "etcd",
+}
 
 
 def _cell(result: dict[str, Any] | None) -> str:
