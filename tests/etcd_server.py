@@ -18,7 +18,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -105,6 +105,7 @@ class _Member:
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
     member_id: int = 0
+    host: str = "127.0.0.1"
 
     @property
     def log(self) -> Path:
@@ -117,9 +118,20 @@ class EtcdCluster:
     Members are named by their index in :attr:`endpoints`. :meth:`kill9`, :meth:`pause`
     and :meth:`resume` act on one member's process; :meth:`heal` undoes them;
     :meth:`close` stops every member and removes the directory. ``tls``: the members serve
-    clients over HTTPS with a self-signed certificate (:attr:`ca_file`); peers talk HTTP."""
+    clients over HTTPS with a self-signed certificate (:attr:`ca_file`); peers talk HTTP.
+    ``hosts``: each member's address, where it listens on ports 2379 (clients) and 2380
+    (peers) — a network namespace of its own (:mod:`etcd_netns`) — instead of spare
+    loopback ports; ``wrap``: the words that run member ``index``'s command there."""
 
-    def __init__(self, size: int = 1, *, tls: bool = False, wait: float = 30.0) -> None:
+    def __init__(
+        self,
+        size: int = 1,
+        *,
+        tls: bool = False,
+        wait: float = 30.0,
+        hosts: Sequence[str] | None = None,
+        wrap: Callable[[int], list[str]] | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError("a cluster has at least one member")
         self._binary = etcd_binary()
@@ -137,9 +149,17 @@ class EtcdCluster:
             self.ca_file = cert
             self._tls_flags = ["--cert-file", str(cert), "--key-file", str(key)]
         self._token = f"fleetcron-test-{os.getpid()}-{self.root.name}"
-        self.members = [
-            _Member(f"m{i}", spare_port(), spare_port(), self.root / f"m{i}") for i in range(size)
-        ]
+        self._wrap = wrap or (lambda _index: [])
+        if hosts is not None:
+            self.members = [
+                _Member(f"m{i}", 2379, 2380, self.root / f"m{i}", host=host)
+                for i, host in enumerate(hosts)
+            ]
+        else:
+            self.members = [
+                _Member(f"m{i}", spare_port(), spare_port(), self.root / f"m{i}")
+                for i in range(size)
+            ]
         try:
             for index in range(size):
                 self._start(index)
@@ -153,7 +173,7 @@ class EtcdCluster:
     @property
     def endpoints(self) -> list[tuple[str, int]]:
         """Every member's client address, by index."""
-        return [("127.0.0.1", m.client_port) for m in self.members]
+        return [(m.host, m.client_port) for m in self.members]
 
     @property
     def url(self) -> str:
@@ -174,10 +194,11 @@ class EtcdCluster:
 
     def _start(self, index: int) -> None:
         member = self.members[index]
-        initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
-        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{member.client_port}"
-        peer = f"http://127.0.0.1:{member.peer_port}"
+        initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in self.members)
+        client = f"{'https' if self.tls else 'http'}://{member.host}:{member.client_port}"
+        peer = f"http://{member.host}:{member.peer_port}"
         command = [
+            *self._wrap(index),
             self._binary,
             "--name",
             member.name,

@@ -22,6 +22,8 @@ def _facts(**changes: object) -> EtcdFacts:
         alarms=(),
         prefix="app",
         keys=1200,
+        revision=5_000_000,
+        compacted=True,
         round_trip_s=0.0012,
         clock_low_s=-0.012,
         clock_high_s=0.006,
@@ -41,6 +43,9 @@ def test_a_store_reads_members_leader_size_and_its_keys_from_a_real_cluster() ->
             store.run(store.ops.lease_acquire("ns", "a", "me", 5_000_000, 0))
             store.run(store.ops.lease_acquire("ns", "b", "me", 5_000_000, 0))
             (facts,) = store.doctor_facts()
+            status, _ = cluster.post(0, "/v3/kv/compaction", {"revision": str(facts.revision)})
+            assert status == 200
+            (after,) = store.doctor_facts()
         finally:
             store.close()
 
@@ -51,6 +56,8 @@ def test_a_store_reads_members_leader_size_and_its_keys_from_a_real_cluster() ->
     assert facts.alarms == ()
     assert facts.prefix == "doctor"
     assert facts.keys >= 2  # each held lease's key at least
+    assert not facts.compacted  # a new cluster
+    assert after.compacted
     assert all(finding.level == "ok" for finding in facts.findings())
 
 
@@ -91,3 +98,15 @@ def test_a_host_clock_outside_the_members_bounds_warns() -> None:
     assert ahead.level == "warn"
     assert "2.490 s ahead of it" in ahead.message
     assert _levels(_facts(clock_low_s=0.3, clock_high_s=0.32))["etcd (clock)"] == "warn"
+
+
+def test_a_history_never_compacted_warns_once_it_is_long() -> None:
+    (long,) = [
+        f
+        for f in _facts(compacted=False, revision=250_000).findings()
+        if f.check == "etcd (compaction)"
+    ]
+    assert long.level == "warn"
+    assert "--auto-compaction-retention" in long.advice
+    assert _levels(_facts(compacted=False, revision=900))["etcd (compaction)"] == "ok"
+    assert _levels(_facts(compacted=True))["etcd (compaction)"] == "ok"

@@ -1,6 +1,7 @@
 """etcd member failures: the leader SIGKILLed or frozen, every member restarted in turn,
-the clients' links to one member blackholed, quorum lost and regained — on three members
-of the run's own.
+the clients' links to one member blackholed, the leader cut from its peers and a member
+cut from everyone (each member in a network namespace of its own: :mod:`etcd_netns`),
+quorum lost and regained — on three members of the run's own.
 
 Each scenario runs the load of :func:`fault.load.start_load` (three contenders renewing a
 lease of 3 s, two ``fleetcron run`` replicas with two jobs every second) against
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import time
 
+from etcd_netns import EtcdNetCluster
 from fault.etcd_members import EtcdMembers
 from fault.load import (
     JOBS,
@@ -162,6 +164,80 @@ def member_blackholed(run: Run) -> None:
         raise ScenarioFailed("no contender's call waited on the blackholed member: untested")
 
 
+def _net(members: EtcdMembers) -> EtcdNetCluster:
+    if not isinstance(members.cluster, EtcdNetCluster):
+        raise ScenarioFailed("the scenario needs members in network namespaces")
+    return members.cluster
+
+
+def _lead_from_first(cluster: EtcdNetCluster) -> None:
+    """Make the first member of the URL — the one every client calls first — the leader."""
+    leader = cluster.leader()
+    if leader != 0:
+        status, answer = cluster.post(
+            leader,
+            "/v3/maintenance/transfer-leadership",
+            {"targetID": str(cluster.member_id(0))},
+        )
+        if status != 200:
+            raise ScenarioFailed(f"etcd refused to move its leadership: {status} {answer}")
+    wait_until(lambda: cluster.leader() == 0, timeout=30, what="member 0 to lead")
+
+
+def leader_partitioned(run: Run) -> None:
+    """The leader, the member every client calls, is cut from its two peers for 6 s
+    (twice a lease) while its clients still reach it: it cannot commit, steps down once it
+    misses their answers, and the two others elect a leader; the clients' calls fail or
+    time out there and move on. Once mended it rejoins as a follower."""
+    members = _members(run)
+    cluster = _net(members)
+    _lead_from_first(cluster)
+    start_load(run, ttl_ms=_TTL_MS, hold_ms=1500, keepalive=True)
+    cluster.cut_from_peers(0)
+    cut = mono()
+    run.fault("cut the leader (member 0) from its peers; its clients still reach it")
+    _resume(run, cut, "cut_to_grant_s")
+    time.sleep(max(0.0, 6.0 - (mono() - cut) / SECOND))  # the fault's length
+    cluster.mend()
+    run.fault("links mended")
+    cluster.wait_healthy()
+    _finish(run, cut)
+
+
+def member_isolated(run: Run) -> None:
+    """The member every client calls is cut from everyone — peers and clients — for 6 s:
+    the clients' calls wait out the URL's timeout (30 s by default: 2 s here, given in the
+    URL) and move on to another member."""
+    members = _members(run)
+    cluster = _net(members)
+    url = members.url + "?timeout=2"
+    run.lockers(
+        LOCKERS,
+        name=LEASE,
+        url=url,
+        ttl_ms=_TTL_MS,
+        hold_ms=1500,
+        writes=3,
+        duration_s=600,
+        keepalive=True,
+    )
+    run.replicas(2, run.jobs_file(list(JOBS), every="1s", work_s=0.2, lock_at_most="4s"), url=url)
+    wait_until(
+        lambda: ok_runs_started_after(run.histories(), JOBS[0], 0) >= 2,
+        timeout=60,
+        what="two runs before the fault",
+    )
+    cluster.isolate(0)
+    cut = mono()
+    run.fault("isolate member 0 (its link down)")
+    _resume(run, cut, "cut_to_grant_s")
+    time.sleep(max(0.0, 6.0 - (mono() - cut) / SECOND))  # the fault's length
+    cluster.mend()
+    run.fault("link mended")
+    cluster.wait_healthy()
+    _finish(run, cut)
+
+
 def quorum_lost(run: Run) -> None:
     """Two of the three members are SIGKILLed for 6 s (twice a lease): the one left cannot
     commit, so nothing is granted, claimed or recorded and every run ends by its local
@@ -216,6 +292,24 @@ ETCD_SCENARIOS: tuple[Scenario, ...] = (
         "etcd: clients' links to one member blackholed",
         member_blackholed,
         backends=("etcd",),
+        ok_states=LOST_OK,
+    ),
+    Scenario(
+        "etcd_leader_partitioned",
+        "etcd: the leader cut from its peers, its clients still reaching it",
+        leader_partitioned,
+        backends=("etcd",),
+        needs="partition",
+        fast=True,
+        fast_backends=("etcd",),
+        ok_states=LOST_OK,
+    ),
+    Scenario(
+        "etcd_member_isolated",
+        "etcd: the clients' member cut from everyone (network namespaces)",
+        member_isolated,
+        backends=("etcd",),
+        needs="partition",
         ok_states=LOST_OK,
     ),
     Scenario(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from etcd_netns import EtcdNetCluster
 from etcd_server import EtcdCluster
 from fault.proxy import FaultProxy
 
@@ -21,10 +22,12 @@ PREFIX = "/fault"
 
 
 class EtcdMembers:
-    """Three etcd members of the run's own, started and healthy once built."""
+    """Three etcd members of the run's own, started and healthy once built; with
+    ``partitionable``, each in a network namespace of its own
+    (:class:`etcd_netns.EtcdNetCluster`: links between them can be cut)."""
 
-    def __init__(self, size: int = 3) -> None:
-        self.cluster = EtcdCluster(size)
+    def __init__(self, size: int = 3, *, partitionable: bool = False) -> None:
+        self.cluster = EtcdNetCluster(size) if partitionable else EtcdCluster(size)
 
     @property
     def url(self) -> str:

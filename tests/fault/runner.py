@@ -449,7 +449,8 @@ class Scenario:
     the body may fail over; ``run.url`` names both), ``"cluster"`` (Redis only: a
     :class:`~redis_cluster.RedisCluster` of its own, three masters and three replicas).
     On etcd every scenario has three members of its own
-    (:class:`~fault.etcd_members.EtcdMembers`)."""
+    (:class:`~fault.etcd_members.EtcdMembers`), each in a network namespace of its own
+    with ``"partition"``."""
 
     name: str
     summary: str
@@ -530,7 +531,7 @@ def _store_for(
     if backend == "etcd":
         from fault.etcd_members import EtcdMembers
 
-        members = EtcdMembers()
+        members = EtcdMembers(partitionable=scenario.needs == "partition")
         stack.callback(members.close)
         return members.url, members, None
     if scenario.needs == "shared":

@@ -17,6 +17,9 @@ _SIZE_WARN = 0.6
 # etcd keeps every key in memory and reads a listing whole: a namespace's ledger and queues
 # beyond this many keys make listings slow and the database large.
 _KEYS_WARN = 200_000
+# A fleet writes revisions all the time (renewals, claims, heartbeats): this many kept
+# since revision 1 means nothing compacts them.
+_REVISIONS_WARN = 100_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,7 +28,8 @@ class EtcdFacts:
     that answered (``endpoint``, its ``version``, the ``leader`` it follows, 0 when
     none), its database size and what of it is in use (bytes), the ``alarms`` raised in
     the cluster (``NOSPACE``, ``CORRUPT``, with the member's ID), how many ``keys``
-    lie under the store's ``prefix``, the ``round_trip_s`` of its status call, and the
+    lie under the store's ``prefix``, the store's ``revision`` and whether its history was
+    ever ``compacted``, the ``round_trip_s`` of its status call, and the
     bounds of its clock as offsets from this host's (``clock_low_s`` ≤ member − host <
     ``clock_high_s``; ``None``: no answer carried a ``Date`` header)."""
 
@@ -38,13 +42,22 @@ class EtcdFacts:
     alarms: tuple[str, ...]
     prefix: str
     keys: int
+    revision: int
+    compacted: bool
     round_trip_s: float
     clock_low_s: float | None
     clock_high_s: float | None
 
     def findings(self) -> list[Finding]:
         """Members, alarms, size, keys and clock, each a finding."""
-        return [_members(self), _alarms(self), _size(self), _keys(self), _clock(self)]
+        return [
+            _members(self),
+            _alarms(self),
+            _size(self),
+            _compaction(self),
+            _keys(self),
+            _clock(self),
+        ]
 
 
 def _members(facts: EtcdFacts) -> Finding:
@@ -100,6 +113,25 @@ def _size(facts: EtcdFacts) -> Finding:
             "and defragment it, keep retention short (docs/backends.md)",
         )
     return Finding(level="ok", check=check, message=found)
+
+
+def _compaction(facts: EtcdFacts) -> Finding:
+    check = "etcd (compaction)"
+    if facts.compacted:
+        return Finding(
+            level="ok", check=check, message=f"history compacted (revision {facts.revision})"
+        )
+    found = f"never compacted: every one of {facts.revision} revisions is kept"
+    if facts.revision < _REVISIONS_WARN:
+        return Finding(level="ok", check=check, message=found)
+    return Finding(
+        level="warn",
+        check=check,
+        message=found,
+        advice="every renewal, claim and heartbeat is a new revision and etcd keeps them all "
+        "until compacted, up to its quota (then NOSPACE refuses every write): run etcd with "
+        "--auto-compaction-mode=periodic --auto-compaction-retention=1h (docs/ha.md)",
+    )
 
 
 def _keys(facts: EtcdFacts) -> Finding:

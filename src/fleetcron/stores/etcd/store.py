@@ -44,7 +44,7 @@ from fleetcron.stores.base import (
 from fleetcron.stores.etcd.async_client import AsyncEtcdClient
 from fleetcron.stores.etcd.client import EtcdClient
 from fleetcron.stores.etcd.doctor import EtcdFacts
-from fleetcron.stores.etcd.errors import EtcdError, EtcdTooManyOps
+from fleetcron.stores.etcd.errors import EtcdCompacted, EtcdError, EtcdTooManyOps
 from fleetcron.stores.etcd.messages import (
     Endpoint,
     Range,
@@ -412,6 +412,11 @@ class EtcdStore:
                 alarms = self._client.alarm_list()
                 top = f"{self.prefix}/".encode()
                 keys = self._client.range(top, prefix_end(top), count_only=True).count
+                try:  # history kept since revision 1: nothing was ever compacted
+                    self._client.range(top, count_only=True, revision=1)
+                    compacted = False
+                except EtcdCompacted:
+                    compacted = True
         except EtcdError as exc:
             raise _translate(exc) from exc
         return (
@@ -425,6 +430,8 @@ class EtcdStore:
                 alarms=tuple(f"{a.alarm} (member {a.member_id:x})" for a in alarms),
                 prefix=self.prefix,
                 keys=keys,
+                revision=status.header.revision,
+                compacted=compacted,
                 round_trip_s=round_trip,
                 clock_low_s=None if bounds is None else bounds.low - host,
                 clock_high_s=None if bounds is None else bounds.high - host,
