@@ -9,8 +9,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fault.runner import BACKENDS
-
 NAMES = {
     "sqlite": "SQLite",
     "postgres": "PostgreSQL",
@@ -18,6 +16,8 @@ NAMES = {
     "redis": "Redis",
     "etcd": "etcd",
 }
+BACKENDS = tuple(NAMES)
+"""The columns, in order (the backends of ``fault.runner.BACKENDS``)."""
 
 
 def _cell(result: dict[str, Any] | None) -> str:

@@ -283,6 +283,17 @@ class _StoreClock:
         return self._last
 
 
+def _dated(now: int | None, client: Pinned) -> int:
+    """``now``, or the error of a member whose answers carry no ``Date`` header (its
+    clock, the store's, cannot be known: a proxy in front of it may strip the header)."""
+    if now is None:
+        raise StoreError(
+            f"etcd at {client.endpoint} answers without a Date header: the store's clock "
+            "cannot be read (is a proxy in front of it removing the header?)"
+        )
+    return now
+
+
 def _translate(exc: EtcdError) -> StoreError:
     if isinstance(exc, EtcdTooManyOps):
         return StoreError(
@@ -364,8 +375,7 @@ class EtcdStore:
         if now is None:
             self._client.range(f"{self.prefix}/clock")
             now = self._clock.now(self._client)
-        assert now is not None
-        return now
+        return _dated(now, self._client)
 
     def _answer(self, request: Statement) -> Any:
         match request:
@@ -487,8 +497,7 @@ class AsyncEtcdStore:
         if now is None:
             await self._client.range(f"{self.prefix}/clock")
             now = self._clock.now(self._client)
-        assert now is not None
-        return now
+        return _dated(now, self._client)
 
     async def _answer(self, request: Statement) -> Any:
         match request:
