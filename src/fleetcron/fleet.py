@@ -53,6 +53,7 @@ from fleetcron.scheduling.retention import (
     prune_jobs_plan,
     prune_runs_plan,
     run_plan_async,
+    store_retention,
 )
 from fleetcron.status import FleetStatus, read_status, shown_leases
 from fleetcron.stores import (
@@ -333,7 +334,8 @@ class AsyncFleet(JobRegistry, Observed):
         """Apply retention now: delete each job's finished runs that finished more than
         its rule's age ago and are not among its newest ``keep`` (runs queued, running or
         waiting for a retry always stay). The rule is each job's as its replicas
-        registered it (``retention``, ``retention_keep``; else 30 days and 100);
+        registered it (``retention``, ``retention_keep``; else 30 days and 100, on etcd a
+        day and 10);
         ``older_than`` and ``keep`` replace those parts for every job. ``job``: that job
         only (a :class:`ConfigurationError` when the store does not know it).
 
@@ -348,6 +350,7 @@ class AsyncFleet(JobRegistry, Observed):
             keep=keep,
             job=job,
             dry_run=dry_run,
+            default=store_retention(self.store),
         )
         return await run_plan_async(plan, self.store)
 

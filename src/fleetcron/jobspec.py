@@ -151,11 +151,14 @@ class JobSpec:
     def retention(self) -> Retention:
         """The job's retention rule: its ``retention`` and ``retention_keep`` (given for
         the job, or for every job of its file), each else :data:`DEFAULT_RETENTION`'s."""
+        return self.retention_with(DEFAULT_RETENTION)
+
+    def retention_with(self, default: Retention) -> Retention:
+        """The job's retention rule, each part not given taken from ``default`` (a
+        store's own default: :func:`fleetcron.scheduling.retention.store_retention`)."""
         return Retention(
-            older_than_us=(
-                DEFAULT_RETENTION.older_than_us if self.retention_us is None else self.retention_us
-            ),
-            keep=DEFAULT_RETENTION.keep if self.retention_keep is None else self.retention_keep,
+            older_than_us=default.older_than_us if self.retention_us is None else self.retention_us,
+            keep=default.keep if self.retention_keep is None else self.retention_keep,
         )
 
     def definition(self) -> dict[str, object]:

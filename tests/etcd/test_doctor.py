@@ -4,10 +4,14 @@ are judged."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+
+import pytest
 
 from etcd_server import EtcdCluster
 from fleetcron.stores import open_store, parse_store_url
-from fleetcron.stores.etcd.doctor import DEFAULT_QUOTA, EtcdFacts
+from fleetcron.stores.etcd.doctor import DEFAULT_QUOTA, EtcdFacts, warn_at_open
+from fleetcron.stores.etcd.messages import ResponseHeader, Status
 from fleetcron.stores.etcd.store import EtcdStore
 
 
@@ -110,3 +114,19 @@ def test_a_history_never_compacted_warns_once_it_is_long() -> None:
     assert "--auto-compaction-retention" in long.advice
     assert _levels(_facts(compacted=False, revision=900))["etcd (compaction)"] == "ok"
     assert _levels(_facts(compacted=True))["etcd (compaction)"] == "ok"
+
+
+def test_a_raised_alarm_or_a_full_database_is_logged_when_the_store_opens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    header = ResponseHeader(member_id=1, revision=10)
+    with caplog.at_level(logging.WARNING, logger="fleetcron"):
+        warn_at_open("etcd://e1", Status(header=header, db_size=1024))
+        assert not caplog.records, "a healthy member: nothing to say"
+        warn_at_open("etcd://e1", Status(header=header, errors=("memberID:1 alarm:NOSPACE",)))
+        warn_at_open("etcd://e1", Status(header=header, db_size=int(DEFAULT_QUOTA * 0.9)))
+
+    alarm, size = (record.getMessage() for record in caplog.records)
+    assert "alarm:NOSPACE" in alarm
+    assert "refuses every write" in alarm
+    assert "90% of the default 2 GiB quota" in size

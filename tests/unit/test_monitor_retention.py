@@ -12,10 +12,11 @@ import pytest
 
 from fleetcron.errors import ConfigurationError
 from fleetcron.job_options import job_spec
-from fleetcron.jobspec import JobSpec
+from fleetcron.jobspec import DEFAULT_RETENTION, JobSpec, Retention
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.scheduling.monitor import Monitor
-from fleetcron.scheduling.retention import Pruner
+from fleetcron.scheduling.retention import Pruner, store_retention
+from fleetcron.stores.etcd.store import ETCD_RETENTION, AsyncEtcdStore, EtcdStore
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.testing import FakeClock
 from unit.fakes import Recorded
@@ -107,6 +108,34 @@ async def test_a_pass_deletes_a_bounded_number_of_rows_per_job() -> None:
     assert len(slots_of(store, "a")) == 3
     assert (await pruner.prune()).pruned == {"a": 3}
     assert (await pruner.prune()).pruned == {}
+
+
+class _ShortLived(AsyncMemoryStore):
+    """A store whose jobs keep a day and 3 runs unless they say otherwise (as etcd's)."""
+
+    default_retention = Retention(older_than_us=24 * HOUR, keep=3)
+
+
+async def test_a_job_without_its_own_rule_takes_the_stores_default() -> None:
+    store, clock = fleet()
+    specs = {"plain": job("plain"), "own": job("own", retention="30d")}
+    plain = record(store, clock, "plain", 6)
+    own = record(store, clock, "own", 6)
+    clock.advance(2 * 24 * 3600)  # two days: past the store's day, within the job's 30
+    pruner = Pruner(_ShortLived(store), NS, specs)
+
+    assert store_retention(_ShortLived(store)) == Retention(older_than_us=24 * HOUR, keep=3)
+    assert store_retention(AsyncMemoryStore(store)) == DEFAULT_RETENTION
+    assert (await pruner.prune()).pruned == {"plain": 3}
+    assert slots_of(store, "plain") == plain[-3:]
+    assert slots_of(store, "own") == own, "its own 30 days; the store's keep of 3 is not used"
+
+
+def test_etcd_stores_keep_a_day_and_10_runs_unless_a_job_says_otherwise() -> None:
+    assert store_retention(EtcdStore) == store_retention(AsyncEtcdStore) == ETCD_RETENTION
+    assert ETCD_RETENTION == Retention(older_than_us=24 * HOUR, keep=10)
+    assert job("j").retention_with(ETCD_RETENTION) == ETCD_RETENTION
+    assert job("j", retention_keep=50).retention_with(ETCD_RETENTION).keep == 50
 
 
 async def test_a_pass_stops_once_the_lease_is_lost() -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "registered_retention",
     "run_plan",
     "run_plan_async",
+    "store_retention",
 ]
 
 T = TypeVar("T")
@@ -82,20 +83,28 @@ def orphaned(row: JobRecord, idle_us: int) -> bool:
     return row.now_us - last_seen_us(row) > idle_us
 
 
-def registered_retention(row: JobRecord) -> Retention:
+def store_retention(store: object) -> Retention:
+    """The retention of a job that sets none, on ``store``: its ``default_retention`` when
+    it has one (etcd keeps every key in memory: a day and 10 runs), else
+    :data:`DEFAULT_RETENTION`."""
+    default = getattr(store, "default_retention", None)
+    return default if isinstance(default, Retention) else DEFAULT_RETENTION
+
+
+def registered_retention(row: JobRecord, default: Retention = DEFAULT_RETENTION) -> Retention:
     """The retention rule of a job's registered definition (what the jobs file of the
-    replica that registered it last says), each part else :data:`DEFAULT_RETENTION`'s."""
+    replica that registered it last says), each part else ``default``'s."""
     try:
         definition = json.loads(row.definition)
     except ValueError:
         definition = None
     if not isinstance(definition, dict):
-        return DEFAULT_RETENTION
+        return default
     older = definition.get("retention_us")
     keep = definition.get("retention_keep")
     return Retention(
-        older_than_us=older if _count(older) else DEFAULT_RETENTION.older_than_us,
-        keep=keep if _count(keep) else DEFAULT_RETENTION.keep,
+        older_than_us=older if _count(older) else default.older_than_us,
+        keep=keep if _count(keep) else default.keep,
     )
 
 
@@ -191,9 +200,11 @@ def prune_runs_plan(
     keep: int | None = None,
     job: str | None = None,
     dry_run: bool = False,
+    default: Retention = DEFAULT_RETENTION,
 ) -> Plan[dict[str, int]]:
-    """``Fleet.prune_runs``: each job's registered rule, with ``older_than`` and ``keep``
-    replacing its parts; rows deleted (or, ``dry_run``, counted) per job."""
+    """``Fleet.prune_runs``: each job's registered rule (its parts not given: ``default``'s,
+    the store's), with ``older_than`` and ``keep`` replacing its parts; rows deleted (or,
+    ``dry_run``, counted) per job."""
     override = manual_rule(DEFAULT_RETENTION, older_than, keep)  # checked before any I/O
     if job is None:
         rows: list[JobRecord] = yield ops.job_list(namespace)
@@ -206,7 +217,7 @@ def prune_runs_plan(
         rows = [row]
     pruned: dict[str, int] = {}
     for row in rows:
-        rule = registered_retention(row)
+        rule = registered_retention(row, default)
         rule = Retention(
             older_than_us=rule.older_than_us if older_than is None else override.older_than_us,
             keep=rule.keep if keep is None else override.keep,
@@ -289,6 +300,8 @@ class Pruner:
         self.batches = batches
         self.orphan_after_us = orphan_after_us
         self.jobs_per_round_trip = jobs_per_round_trip
+        self.default = store_retention(store)
+        """The rule of a job that sets none: the store's (:func:`store_retention`)."""
         self._reported: set[str] = set()
 
     def new_watch(self) -> None:
@@ -310,11 +323,12 @@ class Pruner:
                     complete = False
                     break
                 # A job removed by a reload meanwhile is no longer pruned.
-                rules = [
-                    (name, spec.retention.keep, spec.retention.older_than_us)
-                    for name in pending[start : start + self.jobs_per_round_trip]
-                    if (spec := self.specs.get(name)) is not None
-                ]
+                rules = []
+                for name in pending[start : start + self.jobs_per_round_trip]:
+                    spec = self.specs.get(name)
+                    if spec is not None:
+                        rule = spec.retention_with(self.default)
+                        rules.append((name, rule.keep, rule.older_than_us))
                 counts = await self.store.run(ops.run_prune_jobs(self.namespace, rules, self.limit))
                 for (name, _, _), count in zip(rules, counts, strict=True):
                     if count:

@@ -4,11 +4,15 @@ database's size against etcd's quota, and how many keys the store keeps
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from fleetcron.doctor.findings import Finding
+from fleetcron.stores.etcd.messages import Status
 
-__all__ = ["EtcdFacts"]
+__all__ = ["EtcdFacts", "warn_at_open"]
+
+log = logging.getLogger("fleetcron")
 
 DEFAULT_QUOTA = 2 * 1024**3
 """etcd's default ``--quota-backend-bytes`` (2 GiB): at the quota it raises NOSPACE and
@@ -143,8 +147,8 @@ def _keys(facts: EtcdFacts) -> Finding:
             check=check,
             message=found,
             advice="etcd keeps every key in memory and fleetcron reads a ledger or a queue "
-            'whole there: keep retention short (retention = "1d", retention_keep = 10) and '
-            "queues small on etcd (docs/backends.md)",
+            "whole there: keep retention short (a job that sets none keeps a day and 10 runs "
+            "on etcd) and queues small (docs/backends.md)",
         )
     return Finding(level="ok", check=check, message=found)
 
@@ -176,3 +180,26 @@ def _clock(facts: EtcdFacts) -> Finding:
         advice="keep this host's clock synchronised (NTP): replicas whose clocks lie outside "
         "the bounds write times up to the bounds' width apart (docs/backends.md)",
     )
+
+
+def warn_at_open(url: str, status: Status) -> None:
+    """Log what the member's status, read as the store opens, says will stop the fleet:
+    a raised alarm (NOSPACE: every write refused) or a database near etcd's default
+    quota. It costs no round trip of its own (``fleetcron doctor`` checks more)."""
+    if status.errors:
+        log.warning(
+            "etcd at %s reports %s: while an alarm is raised etcd refuses every write (no "
+            "lease granted, no run recorded); see fleetcron doctor",
+            url,
+            "; ".join(status.errors),
+            extra={"action": "store_warning", "store": url},
+        )
+    if status.db_size >= _SIZE_WARN * DEFAULT_QUOTA:
+        log.warning(
+            "etcd at %s: its database is %s, %.0f%% of the default 2 GiB quota, past which "
+            "every write is refused; compact and defragment it (docs/ha.md)",
+            url,
+            _mib(status.db_size),
+            100 * status.db_size / DEFAULT_QUOTA,
+            extra={"action": "store_warning", "store": url},
+        )

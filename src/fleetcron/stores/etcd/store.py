@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from fleetcron.errors import ConfigurationError, StoreError, StoreUnavailable
+from fleetcron.jobspec import Retention
 from fleetcron.models import ClaimResult, JobRecord, RunFinish, RunNote, SlotClaim
 from fleetcron.queue_models import QueuePut
 from fleetcron.stores.base import (
@@ -43,7 +44,7 @@ from fleetcron.stores.base import (
 )
 from fleetcron.stores.etcd.async_client import AsyncEtcdClient
 from fleetcron.stores.etcd.client import EtcdClient
-from fleetcron.stores.etcd.doctor import EtcdFacts
+from fleetcron.stores.etcd.doctor import EtcdFacts, warn_at_open
 from fleetcron.stores.etcd.errors import EtcdCompacted, EtcdError, EtcdTooManyOps
 from fleetcron.stores.etcd.messages import (
     Endpoint,
@@ -326,10 +327,16 @@ def _client_args(url: StoreURL) -> tuple[tuple[Endpoint, ...], str]:
     return endpoints, path.strip("/") or DEFAULT_PREFIX
 
 
+ETCD_RETENTION: Final = Retention(older_than_us=86_400_000_000, keep=10)
+"""The retention of a job that sets none, on etcd: a day, and its newest 10 runs (etcd
+keeps every key in memory; other backends keep 30 days and 100)."""
+
+
 class EtcdStore:
     """Sync etcd store."""
 
     capabilities = Capability.CROSS_HOST | Capability.SERVER_CLOCK | Capability.PERSISTENT
+    default_retention = ETCD_RETENTION
 
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
@@ -342,7 +349,7 @@ class EtcdStore:
         self._clock = _StoreClock()
         self._closed = threading.Event()
         try:
-            self._client.status()
+            warn_at_open(self.url, self._client.status())
         except EtcdError as exc:
             self._client.close()
             raise connect_error(self.url, exc) from exc
@@ -457,6 +464,7 @@ class AsyncEtcdStore:
     """Async etcd store."""
 
     capabilities = EtcdStore.capabilities
+    default_retention = ETCD_RETENTION
 
     def __init__(self, url: StoreURL) -> None:
         self.url = url.redacted
@@ -470,7 +478,7 @@ class AsyncEtcdStore:
 
     async def open(self) -> None:
         try:
-            await self._client.status()
+            warn_at_open(self.url, await self._client.status())
         except EtcdError as exc:
             await self._client.close()
             raise connect_error(self.url, exc) from exc
