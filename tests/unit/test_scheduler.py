@@ -513,13 +513,20 @@ async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round
     store = MemoryStore()
     counting = Counting(store)
     names = [f"job-{index}" for index in range(150)]
-    scheduler, _ = _ten_seconds_behind(counting, store, names)
+    scheduler, now = _ten_seconds_behind(counting, store, names)
 
     await scheduler._tick(0.0)
 
     assert counting.calls["run_record_many"] == 1
     assert counting.calls["run_record"] == 0
-    missed = {name: [r for r in ledger(store, name) if r.state == "missed"] for name in names}
+    # Slots past the late tolerance at the test's now were past it at the tick too: catch-up
+    # recorded them. (A slot near the edge may instead reach the store past its deadline on
+    # a loaded machine, and be recorded by the claim with the store's reason.)
+    late = now - planning.LATE_TOLERANCE_US
+    missed = {
+        name: [r for r in ledger(store, name) if r.state == "missed" and r.slot_us < late]
+        for name in names
+    }
     assert all(len(rows) >= 3 for rows in missed.values()), "each job's late slots recorded"
     assert all(r.error == "missed (catchup = skip)" for rows in missed.values() for r in rows)
 
