@@ -104,7 +104,10 @@ def test_pause_trigger_resume_and_backfill_steer_every_replica(
 
 def test_commands_on_unknown_jobs_and_bad_ranges_are_clear_errors(sqlite_cli: Cli) -> None:
     assert sqlite_cli.run("migrate").returncode == 0
-    expected = f"no runs in namespace {sqlite_cli.namespace!r} (--namespace chooses another)"
+    expected = (
+        f"no runs in namespace {sqlite_cli.namespace!r} (no namespace of this store has jobs "
+        "yet: replicas register theirs when they start)"
+    )
     assert sqlite_cli.run("runs").stdout.strip() == expected
     for argv, message in [
         (("pause", "ghost"), "no job 'ghost'"),
@@ -120,3 +123,30 @@ def test_commands_on_unknown_jobs_and_bad_ranges_are_clear_errors(sqlite_cli: Cl
         (("status", "j" * 187), "the maximum is 186"),
     ]:
         assert_clean_error(sqlite_cli.run(*argv), 2, message)
+
+
+def test_runs_in_an_empty_namespace_names_the_namespaces_holding_jobs_with_their_counts(
+    sqlite_cli: Cli,
+) -> None:
+    for job in ("beat", "sweep"):
+        registered = sqlite_cli.run("exec", job, "--schedule", "0 3 * * *", "--", "true")
+        assert registered.returncode == 0, registered.stderr
+
+    # No --namespace, as after the README's example whose jobs file sets one.
+    result = sqlite_cli.run("--backend", sqlite_cli.backend, "runs", flags=False)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"no runs in namespace 'default' (namespaces with jobs: {sqlite_cli.namespace!r} "
+        "(2 jobs); --namespace or $FLEETCRON_NAMESPACE chooses one)"
+    )
+    # A namespace chosen by hand that is one character off: the close one is named.
+    typo = sqlite_cli.run(
+        "--backend",
+        sqlite_cli.backend,
+        "--namespace",
+        sqlite_cli.namespace[:-1],
+        "runs",
+        flags=False,
+    )
+    assert f"did you mean {sqlite_cli.namespace!r}?" in typo.stdout

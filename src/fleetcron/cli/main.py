@@ -176,8 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --schedule: a run holding its slot longer than D is stuck "
         "(default 3x the p95 of recent successful runs)",
     )
-    exec_.add_argument("--lock-at-most", default=DEFAULT_LOCK_AT_MOST, metavar="D")
-    exec_.add_argument("--lock-at-least", default="0s", metavar="D")
+    exec_.add_argument(
+        "--lock-at-most",
+        default=DEFAULT_LOCK_AT_MOST,
+        metavar="D",
+        help="the lease's length: if this host dies, another may run NAME after D; renewed "
+        "while the command runs unless --no-keepalive (default %(default)s)",
+    )
+    exec_.add_argument(
+        "--lock-at-least",
+        default="0s",
+        metavar="D",
+        help="hold the lease at least D after the start, so a host whose clock is a little "
+        "behind does not run NAME again for the same slot (default %(default)s)",
+    )
     exec_.add_argument(
         "--no-keepalive",
         action="store_true",

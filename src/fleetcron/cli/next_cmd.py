@@ -36,7 +36,7 @@ def add_parser(
         parents=list(parents),
         help="preview the fire times of a cron expression (DST shown)",
         description="Print the next fire times of CRON, in UTC and local time, with DST notes.",
-        usage="fleetcron next CRON [--timezone TZ] [--count N] [--json]",
+        usage="fleetcron next CRON [--timezone TZ] [--count N] [--after TIME] [--json]",
     )
     parser.add_argument(
         "cron",

@@ -16,6 +16,7 @@ from prometheus_client import start_http_server
 
 from fleetcron._log import log
 from fleetcron.cli import web_cmd
+from fleetcron.cli.elsewhere import elsewhere
 from fleetcron.durations import format_duration
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobsfile import JobsFile, load_jobs_file
@@ -59,7 +60,11 @@ def add_parsers(
     run.add_argument("jobs_file", metavar="JOBS.toml")
     run.add_argument("--mode", choices=("claim", "leader"), help="default: the file's, or claim")
     run.add_argument(
-        "--concurrency", type=int, default=16, metavar="N", help="runs in flight on this replica"
+        "--concurrency",
+        type=int,
+        default=16,
+        metavar="N",
+        help="runs in flight on this replica (default 16)",
     )
     run.add_argument(
         "--shutdown-grace", default="30s", metavar="D", help="time running jobs get on SIGTERM"
@@ -313,9 +318,13 @@ def run_runs(args: argparse.Namespace) -> int:
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
     args.job = _job_arg(args)
+    chosen = getattr(args, "namespace", None) is not None or bool(os.environ.get(NAMESPACE_ENV))
     store = open_existing_store(url)
     try:
         runs = store.run(store.ops.run_list(namespace, args.job, args.limit))
+        # The namespace is named, and where the jobs are when it holds none (a jobs file's
+        # [fleetcron] namespace is not the default the command reads).
+        hint = "" if runs or args.json else elsewhere(store, namespace, chosen)
     finally:
         store.close()
     rows = [_row(run) for run in runs]
@@ -323,8 +332,7 @@ def run_runs(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))  # noqa: T201
         return 0
     if not rows:
-        # The namespace is named: a jobs file's [fleetcron] namespace is not the default.
-        print(f"no runs in namespace {namespace!r} (--namespace chooses another)")  # noqa: T201
+        print(f"no runs in namespace {namespace!r} ({hint})")  # noqa: T201
         return 0
     header = ("JOB", "SLOT", "STATE", "ATTEMPT", "FENCE", "HOLDER", "DURATION", "EXIT", "ERROR")
     table = [header]

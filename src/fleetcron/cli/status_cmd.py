@@ -13,20 +13,20 @@ to judge.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import TypeVar
 
+from fleetcron.cli.elsewhere import elsewhere
 from fleetcron.cli.exitcodes import EXIT_UNHEALTHY, EXIT_USAGE
 from fleetcron.durations import format_duration
 from fleetcron.models import display_holder
 from fleetcron.names import NAMESPACE_ENV, resolve_namespace, validate_job_name
 from fleetcron.schedules import iso_utc
 from fleetcron.status import FINGERPRINT_SHOWN, FleetStatus, iso, read_status, status_json
-from fleetcron.stores import SyncStore, open_existing_store, resolve_backend
+from fleetcron.stores import open_existing_store, resolve_backend
 
 __all__ = ["add_parser", "run"]
 
@@ -136,26 +136,6 @@ def _queues(status: FleetStatus) -> list[str]:
     return ["queues:", *_aligned(rows, "  ")]
 
 
-_SUGGESTED = 5  # namespaces listed at most when the default one holds no job
-
-
-def _elsewhere(store: SyncStore, namespace: str, chosen: bool) -> str:
-    """Where the jobs are, for a reader that found none in ``namespace``: the namespaces
-    with jobs whose names are close to it (a typo); all of them (up to a few) only when no
-    namespace was chosen — on a store that several teams share, a team's mistyped
-    namespace does not print the others' names."""
-    others = [ns for ns in store.run(store.ops.job_namespaces()) if ns != namespace]
-    close = difflib.get_close_matches(namespace, others, n=3, cutoff=0.6)
-    if close:
-        return f"did you mean {' or '.join(repr(ns) for ns in close)}?"
-    if not others:
-        return "no namespace of this store has jobs yet: replicas register theirs when they start"
-    if chosen:
-        return "--namespace chooses another"
-    listed = ", ".join(others[:_SUGGESTED]) + (", …" if len(others) > _SUGGESTED else "")
-    return f"namespaces with jobs: {listed}; --namespace or ${NAMESPACE_ENV} chooses one"
-
-
 def _empty(status: FleetStatus) -> bool:
     """Whether the namespace holds nothing at all: what a mistyped namespace reads."""
     return not (status.jobs or status.replicas or status.queues or status.leases)
@@ -179,14 +159,14 @@ def run(args: argparse.Namespace) -> int:
             listed = ", ".join(status.unknown_jobs)
             problem = f"no job named {listed} in namespace {namespace!r}"
             if not status.jobs and not store.run(store.ops.job_list(namespace)):
-                problem += f", which has no jobs ({_elsewhere(store, namespace, chosen)})"
+                problem += f", which has no jobs ({elsewhere(store, namespace, chosen)})"
         elif not status.jobs and (args.check or _empty(status)):
             problem = (
                 f"no jobs in namespace {namespace!r} for --check to judge"
                 if args.check
                 else f"namespace {namespace!r} holds nothing: no job, replica, queue or lease"
             )
-            problem += f" ({_elsewhere(store, namespace, chosen)})"
+            problem += f" ({elsewhere(store, namespace, chosen)})"
     finally:
         store.close()
     if problem is not None:
