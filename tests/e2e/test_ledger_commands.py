@@ -150,3 +150,21 @@ def test_runs_in_an_empty_namespace_names_the_namespaces_holding_jobs_with_their
         flags=False,
     )
     assert f"did you mean {sqlite_cli.namespace!r}?" in typo.stdout
+
+
+def test_a_replica_says_at_start_what_it_runs_where_and_as_whom(
+    sqlite_cli: Cli, tmp_path: Path
+) -> None:
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(JOBS.format(namespace=sqlite_cli.namespace, out=tmp_path / "beats.txt"))
+    replica = sqlite_cli.spawn("run", str(jobs))
+    assert wait_for(lambda: any(r["state"] == "succeeded" for r in runs(sqlite_cli)), timeout=15)
+    replica.proc.send_signal(signal.SIGTERM)
+    finished = replica.wait(timeout=40)
+
+    assert finished.returncode == 0, finished.stderr
+    first = finished.stderr.splitlines()[0]
+    assert f"1 job(s) and 0 queue(s) of {jobs} in namespace {sqlite_cli.namespace!r}" in first
+    assert f"on {sqlite_cli.backend}, claim mode, replica " in first
+    holders = {r["holder"] for r in runs(sqlite_cli)}
+    assert any(f"replica {holder.split('/')[0]}" in first for holder in holders), holders

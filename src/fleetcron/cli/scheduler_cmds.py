@@ -15,6 +15,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import start_http_server
 
 from fleetcron._log import log
+from fleetcron._version import __version__
 from fleetcron.cli import web_cmd
 from fleetcron.cli.elsewhere import elsewhere
 from fleetcron.durations import format_duration
@@ -200,12 +201,22 @@ def run_run(args: argparse.Namespace) -> int:
             web.close()
         raise
 
+    served = []
+    if server is not None:
+        host, port = str(server.server_address[0]), server.server_address[1]
+        served.append(f"metrics at http://{host}:{port}/metrics")
+    if web is not None:
+        from fleetcron.web.server import address_url
+
+        served.append(f"dashboard at {address_url(web)}")
+
     async def main() -> None:
         store = await open_async_store(url)
         try:
             scheduler = AsyncScheduler(
                 store, jobs_file.jobs, options, metrics=metrics, queues=jobs_file.queues
             )
+            _log_start(url.redacted, options, jobs_file, scheduler.holder, served)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, scheduler.stop)
@@ -233,6 +244,34 @@ def run_run(args: argparse.Namespace) -> int:
         if web is not None:
             web.close()
     return 0
+
+
+def _log_start(
+    store: str, options: SchedulerOptions, jobs: JobsFile, replica: str, served: list[str]
+) -> None:
+    """One line that says what this replica runs, where, as whom, and what it serves."""
+    log.info(
+        "fleetcron %s: %d job(s) and %d queue(s) of %s in namespace %r on %s, %s mode, "
+        "replica %s%s",
+        __version__,
+        len(jobs.jobs),
+        len(jobs.queues),
+        jobs.path or "the jobs file",
+        options.namespace,
+        store,
+        options.mode,
+        replica,
+        "".join(f", {what}" for what in served),
+        extra={
+            "action": "replica_starting",
+            "store": store,
+            "namespace": options.namespace,
+            "mode": options.mode,
+            "jobs": len(jobs.jobs),
+            "queues": len(jobs.queues),
+            "replica": replica,
+        },
+    )
 
 
 async def reload_jobs(scheduler: AsyncScheduler, loaded: JobsFile) -> None:
