@@ -26,7 +26,7 @@ from fleetcron.metrics import Metrics
 from fleetcron.models import RunRecord, micros_to_datetime
 from fleetcron.names import NAMESPACE_ENV, validate_job_name, validate_namespace
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
-from fleetcron.schedules import from_datetime, schedule_from_definition
+from fleetcron.schedules import from_datetime, iso_utc, schedule_from_definition
 from fleetcron.stores import open_async_store, open_existing_store, resolve_backend
 
 __all__ = [
@@ -330,7 +330,8 @@ def _row(run: RunRecord) -> dict[str, object]:
         duration = round((end - run.started_us) / 1e6, 3)
     return {
         "job": run.job,
-        "slot": _iso(run.slot_us),
+        # To the microsecond when not whole: two triggers of one second are two slots.
+        "slot": iso_utc(run.slot_us),
         "state": run.state,
         "attempt": run.attempt,
         "fence": run.fence,
@@ -436,7 +437,7 @@ def run_trigger(args: argparse.Namespace) -> int:
         store.run(ledger.run_record(namespace, args.job, slot, "queued", None, "manual"))
     finally:
         store.close()
-    print(f"{args.job}: queued a run for {_iso(slot)}")  # noqa: T201
+    print(f"{args.job}: queued a run for {iso_utc(slot)}")  # noqa: T201
     return 0
 
 
