@@ -300,8 +300,10 @@ class AsyncFleet(JobRegistry, Observed):
         return await self.store.run(self.store.ops.lease_get(self.namespace, validate_name(name)))
 
     async def prune(self, older_than: DurationLike = "30d", *, dry_run: bool = False) -> list[str]:
-        """Delete lease rows unused for ``older_than``; return their names."""
-        micros = older_than_us(older_than)
+        """Delete lease rows unused for ``older_than`` (0: every lease not held now); return
+        their names. A fence never goes back: a row goes only once the store's clock has
+        passed its fence, and a new one starts at that clock."""
+        micros = older_than_us(older_than, zero=True)
         return await self.store.run(self.store.ops.lease_prune(self.namespace, micros, dry_run))
 
     # -- the ledger ----------------------------------------------------------------------
@@ -484,11 +486,13 @@ def queue_settings(
     )
 
 
-def older_than_us(older_than: DurationLike) -> int:
-    """``older_than`` (of the prune calls) in µs, or a :class:`ConfigurationError`."""
+def older_than_us(older_than: DurationLike, *, zero: bool = False) -> int:
+    """``older_than`` (of the prune calls) in µs, or a :class:`ConfigurationError`;
+    ``zero``: 0 is allowed (not for jobs: it would delete every job no replica runs now)."""
     micros = to_micros(older_than, what="older_than")
-    if micros <= 0:
-        raise ConfigurationError(f"older_than must be positive, got {older_than!r}")
+    if micros < 0 or (micros == 0 and not zero):
+        wanted = "must not be negative" if zero else "must be positive"
+        raise ConfigurationError(f"older_than {wanted}, got {older_than!r}")
     return micros
 
 

@@ -74,6 +74,22 @@ def test_prune_dry_run_lists_without_deleting_then_prune_deletes(cli: Cli) -> No
 
 
 @CROSS_PROCESS_BACKENDS
+def test_prune_older_than_0s_takes_every_lease_not_held_and_never_a_held_one(cli: Cli) -> None:
+    assert cli.run("exec", "done", "--", "true").returncode == 0
+    assert cli.run("exec", "held", "--lock-at-least", "1m", "--", "true").returncode == 0
+
+    def listed() -> str | None:  # once the store's clock has passed the fence of "done"
+        result = cli.run("prune", "--older-than", "0s", "--dry-run")
+        assert result.returncode == 0, result.stderr
+        return result.stdout if "done" in result.stdout else None
+
+    assert wait_for(listed, timeout=10).splitlines() == ["would delete 1 lease row(s)", "  done"]
+    pruned = cli.run("prune", "--older-than", "0s")
+    assert pruned.stdout.splitlines() == ["deleted 1 lease row(s)", "  done"]
+    assert [row["name"] for row in cli.locks()] == ["held"]
+
+
+@CROSS_PROCESS_BACKENDS
 def test_migrate_is_idempotent_and_keeps_leases(cli: Cli) -> None:
     assert cli.run("exec", "kept", "--lock-at-least", "1m", "--", "true").returncode == 0
     before = cli.lease("kept")

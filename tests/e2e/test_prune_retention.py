@@ -131,7 +131,7 @@ def test_prune_refuses_bad_input_with_a_clear_message_and_changes_nothing(
             (("--runs", "--job", "bad name!"), "invalid job name"),
             (("--keep", "3"), "--keep applies to prune --runs only"),
             (("--jobs", "--job", "report"), "--job applies to prune --runs only"),
-            (("--jobs", "--older-than", "0s"), "--older-than must be positive"),
+            (("--jobs", "--older-than", "0s"), "--older-than must be positive with --jobs"),
             (("--runs", "--jobs"), "not allowed with argument"),
             (("--runs", "--keep", "many"), "invalid int value"),
         ]

@@ -71,8 +71,11 @@ async def test_an_async_fleet_prunes_like_a_fleet() -> None:
     await lease.release()
 
     assert await fleet.prune("1h", dry_run=True) == []
-    with pytest.raises(ConfigurationError, match="older_than must be positive"):
-        await fleet.prune("0s")
+    assert await fleet.prune("0s", dry_run=True) == ["report"], "0: every lease not held"
+    assert await fleet.prune("0s") == ["report"]
+    assert await fleet.prune("0s", dry_run=True) == []
+    with pytest.raises(ConfigurationError, match="older_than must not be negative"):
+        await fleet.prune(-5)
 
 
 def test_a_fleet_hands_out_a_sync_scheduler_that_starts_and_stops() -> None:

@@ -395,8 +395,14 @@ def _prune(args: argparse.Namespace) -> int:
             print(f"  {name}: {more}{count}")  # noqa: T201
         return 0
     older = older or ("7d" if mode == "jobs" else "30d")
-    if negative or to_micros(older, what="--older-than") <= 0:
-        raise ConfigurationError(f"--older-than must be positive, got {older!r}")
+    micros = to_micros(older, what="--older-than")
+    if negative or micros < 0:
+        raise ConfigurationError(f"--older-than must not be negative, got {older!r}")
+    if mode == "jobs" and micros == 0:  # for leases, 0 is every lease not held now
+        raise ConfigurationError(
+            "--older-than must be positive with --jobs: 0 would delete every job that no "
+            "replica has registered, claimed or finished this very moment"
+        )
     if mode == "jobs":
         with _fleet(args) as fleet:
             found = fleet.prune_jobs(older, dry_run=args.dry_run)
