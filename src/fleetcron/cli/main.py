@@ -395,9 +395,9 @@ def _prune(args: argparse.Namespace) -> int:
             print(f"  {name}: {more}{count}")  # noqa: T201
         return 0
     older = older or ("7d" if mode == "jobs" else "30d")
-    micros = to_micros(older, what="--older-than")
-    if negative or micros < 0:
+    if negative:
         raise ConfigurationError(f"--older-than must not be negative, got {older!r}")
+    micros = to_micros(older, what="--older-than")
     if mode == "jobs" and micros == 0:  # for leases, 0 is every lease not held now
         raise ConfigurationError(
             "--older-than must be positive with --jobs: 0 would delete every job that no "
