@@ -71,8 +71,10 @@ def child_payload(target: CallTarget, ctx: RunContext, result_fd: int) -> str:
 
 
 def child_command() -> list[str]:
-    """The argv of the child process."""
-    return [sys.executable, "-m", "fleetcron.isolated"]
+    """The argv of the child process. Not ``-m fleetcron.isolated``: importing the package
+    imports this module first, and runpy then warns on the child's stderr — the first line
+    of every isolated run's output."""
+    return [sys.executable, "-c", "from fleetcron.isolated import main; raise SystemExit(main())"]
 
 
 def _load(payload: dict[str, Any]) -> Callable[..., object]:

@@ -11,6 +11,7 @@ import asyncio
 import gc
 import logging
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -317,3 +318,16 @@ def test_isolate_is_checked_when_the_job_is_defined() -> None:
         job_spec("b", where="test", every="1m", command=["true"], isolate="process")
     with pytest.raises(ConfigurationError, match="define it at module level"):
         spec("c", lambda ctx: None, isolate="process")
+
+
+def test_an_isolated_childs_interpreter_says_nothing_before_the_job_does() -> None:
+    # Without its payload the child fails at once, after the imports that once made runpy
+    # warn ("found in sys.modules") as the first line of every isolated run's output.
+    from fleetcron.isolated import PAYLOAD_ENV, child_command
+
+    env = {k: v for k, v in os.environ.items() if k != PAYLOAD_ENV}
+    done = subprocess.run(child_command(), env=env, capture_output=True, text=True, timeout=60)
+
+    assert done.returncode != 0
+    assert "RuntimeWarning" not in done.stderr
+    assert "found in sys.modules" not in done.stderr
