@@ -23,7 +23,7 @@ from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.jobsfile import JobsFile, load_jobs_file
 from fleetcron.jobspec import MAX_COUNT
 from fleetcron.metrics import Metrics
-from fleetcron.models import RunRecord, micros_to_datetime
+from fleetcron.models import RunRecord, display_holder, micros_to_datetime
 from fleetcron.names import NAMESPACE_ENV, validate_job_name, validate_namespace
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.schedules import from_datetime, iso_utc, schedule_from_definition
@@ -216,7 +216,8 @@ def run_run(args: argparse.Namespace) -> int:
             scheduler = AsyncScheduler(
                 store, jobs_file.jobs, options, metrics=metrics, queues=jobs_file.queues
             )
-            _log_start(url.redacted, options, jobs_file, scheduler.holder, served)
+            # host:pid only: the token after it is the holder's secret (it can release leases)
+            _log_start(url.redacted, options, jobs_file, display_holder(scheduler.holder), served)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, scheduler.stop)
