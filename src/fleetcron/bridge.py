@@ -100,6 +100,8 @@ class ThreadedAsyncStore:
         self.url = store.url
         self.capabilities = store.capabilities
         self.ops = store.ops
+        # A store's own retention default (etcd's), seen through the wrapper.
+        self.default_retention: object = getattr(store, "default_retention", None)
 
     async def run(self, operation: Operation[T]) -> T:
         if getattr(_inline, "active", False):

@@ -23,14 +23,11 @@ from etcd_netns import EtcdNetCluster
 from fault.etcd_members import EtcdMembers
 from fault.load import (
     JOBS,
-    LEASE,
-    LOCKERS,
     LOST_OK,
     SECOND,
     events_of,
     expect_every_slot,
     mono,
-    ok_runs_started_after,
     start_load,
 )
 from fault.runner import Run, Scenario, ScenarioFailed, wait_until
@@ -135,22 +132,7 @@ def member_blackholed(run: Run) -> None:
     members = _members(run)
     url, group = run.proxied()
     url += "?timeout=2"
-    run.lockers(
-        LOCKERS,
-        name=LEASE,
-        url=url,
-        ttl_ms=_TTL_MS,
-        hold_ms=1500,
-        writes=3,
-        duration_s=600,
-        keepalive=True,
-    )
-    run.replicas(2, run.jobs_file(list(JOBS), every="1s", work_s=0.2, lock_at_most="4s"), url=url)
-    wait_until(
-        lambda: ok_runs_started_after(run.histories(), JOBS[0], 0) >= 2,
-        timeout=60,
-        what="two runs before the fault",
-    )
+    start_load(run, ttl_ms=_TTL_MS, hold_ms=1500, keepalive=True, url=url)
     first = group.proxies[0]
     first.blackhole()
     cut = mono()
@@ -211,22 +193,7 @@ def member_isolated(run: Run) -> None:
     members = _members(run)
     cluster = _net(members)
     url = members.url + "?timeout=2"
-    run.lockers(
-        LOCKERS,
-        name=LEASE,
-        url=url,
-        ttl_ms=_TTL_MS,
-        hold_ms=1500,
-        writes=3,
-        duration_s=600,
-        keepalive=True,
-    )
-    run.replicas(2, run.jobs_file(list(JOBS), every="1s", work_s=0.2, lock_at_most="4s"), url=url)
-    wait_until(
-        lambda: ok_runs_started_after(run.histories(), JOBS[0], 0) >= 2,
-        timeout=60,
-        what="two runs before the fault",
-    )
+    start_load(run, ttl_ms=_TTL_MS, hold_ms=1500, keepalive=True, url=url)
     cluster.isolate(0)
     cut = mono()
     run.fault("isolate member 0 (its link down)")

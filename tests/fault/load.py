@@ -62,10 +62,12 @@ def ok_runs_started_after(events: Sequence[Event], job: str, after: int) -> int:
     )
 
 
-def start_load(run: Run, *, ttl_ms: int, hold_ms: int, keepalive: bool) -> None:
+def start_load(
+    run: Run, *, ttl_ms: int, hold_ms: int, keepalive: bool, url: str | None = None
+) -> None:
     """Contenders holding a lease of ``ttl_ms`` for ``hold_ms`` — they run until the
-    scenario stops them — and replicas; returns once both have been granted and run a few
-    times."""
+    scenario stops them — and replicas, on ``url`` (default: the run's); returns once both
+    have been granted and run a few times."""
     run.lockers(
         LOCKERS,
         name=LEASE,
@@ -74,8 +76,10 @@ def start_load(run: Run, *, ttl_ms: int, hold_ms: int, keepalive: bool) -> None:
         writes=max(3, hold_ms // 500),
         duration_s=600,
         keepalive=keepalive,
+        url=url,
     )
-    run.replicas(2, run.jobs_file(list(JOBS), every="1s", work_s=0.2, lock_at_most="4s"))
+    jobs = run.jobs_file(list(JOBS), every="1s", work_s=0.2, lock_at_most="4s")
+    run.replicas(2, jobs, url=url)
 
     def working() -> bool:
         events = run.histories()

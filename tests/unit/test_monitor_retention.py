@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fleetcron import Fleet
 from fleetcron.errors import ConfigurationError
 from fleetcron.job_options import job_spec
 from fleetcron.jobspec import DEFAULT_RETENTION, JobSpec, Retention
@@ -129,6 +130,24 @@ async def test_a_job_without_its_own_rule_takes_the_stores_default() -> None:
     assert (await pruner.prune()).pruned == {"plain": 3}
     assert slots_of(store, "plain") == plain[-3:]
     assert slots_of(store, "own") == own, "its own 30 days; the store's keep of 3 is not used"
+
+
+class _ShortLivedSync(MemoryStore):
+    default_retention = Retention(older_than_us=24 * HOUR, keep=3)
+
+
+def test_prune_runs_by_hand_through_a_sync_fleet_takes_the_stores_default() -> None:
+    # `fleetcron prune --runs` opens a sync store and a sync Fleet over it: the default
+    # must be seen through the async face the Fleet wraps it in.
+    clock = FakeClock(wall_us=T0)
+    store = _ShortLivedSync(clock=clock)
+    store.run(store.ops.job_register(NS, [("plain", "{}", "fp")]))
+    plain = record(store, clock, "plain", 6)
+    clock.advance(2 * 24 * 3600)
+
+    with Fleet(store, namespace=NS) as fleet:
+        assert fleet.prune_runs() == {"plain": 3}
+    assert slots_of(store, "plain") == plain[-3:]
 
 
 def test_etcd_stores_keep_a_day_and_10_runs_unless_a_job_says_otherwise() -> None:

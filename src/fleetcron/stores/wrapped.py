@@ -32,6 +32,11 @@ class WrappedStore:
     def ops(self) -> Operations:
         return self._store.ops
 
+    @property
+    def default_retention(self) -> object:
+        """The wrapped store's own retention default, if it has one (etcd's)."""
+        return getattr(self._store, "default_retention", None)
+
     async def run(self, operation: Operation[T]) -> T:
         return await self._store.run(operation)
 
