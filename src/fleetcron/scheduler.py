@@ -571,6 +571,7 @@ class AsyncScheduler:
         # running in the store: its next exclusive slot waits for that outcome (sent first,
         # then the run's end wakes the loop) instead of being refused and skipped.
         finishing = self.supervisor.finishing
+        await self.overlap.supersede_buffered()
         claims, blocked = self.overlap.take_buffered(
             room, finishing=finishing, abandoned=self.supervisor.abandoned
         )

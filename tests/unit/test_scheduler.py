@@ -363,31 +363,40 @@ async def test_leader_mode_runs_every_slot_on_the_leader_and_fails_over_after_it
     assert holders == {first.holder, second.holder}
 
 
-async def test_buffer_one_runs_the_newest_waiting_slot_after_the_running_one() -> None:
+@pytest.mark.parametrize("replicas", [1, 2])
+async def test_buffer_one_runs_the_newest_waiting_slot_and_skips_the_older_ones(
+    replicas: int,
+) -> None:
+    # A slot every 300 ms, a run of 700 ms: when a run ends, two newer slots are due. The
+    # newest runs next; the older one is skipped (superseded), never run late or missed.
     store = MemoryStore()
-    starts: list[int] = []
 
     async def slow(ctx: RunContext) -> None:
-        starts.append(ctx.slot_us)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.7)
 
     await run_replicas(
         store,
-        [spec("buffered", slow, overlap="buffer_one")],
-        lambda: states(store, "buffered").count("succeeded") >= 2,
+        [spec("buffered", slow, every="300ms", overlap="buffer_one")],
+        lambda: states(store, "buffered").count("succeeded") >= 3,
+        replicas=replicas,
     )
 
     rows = ledger(store, "buffered")
     done = sorted((r for r in rows if r.state == "succeeded"), key=lambda r: r.slot_us)
-    assert len(done) >= 2
-    assert [r.slot_us for r in done] == sorted(starts)[: len(done)]
-    # A buffered slot starts when the previous run ends, never alongside it.
+    assert len(done) >= 3
     for before, after in itertools.pairwise(done):
+        # A buffered slot starts when the previous run ends, never alongside it...
         assert after.started_us is not None
         assert before.finished_us is not None
         assert after.started_us >= before.finished_us
-    superseded = [r for r in rows if r.state == "skipped"]
-    assert all("superseded" in (r.error or "") for r in superseded)
+        # ...and it is the newest slot then due, not the one right after the previous.
+        assert after.slot_us - before.slot_us >= 600_000, [
+            (r.slot_us, r.state, r.error) for r in rows
+        ]
+    assert not [r for r in rows if r.state == "missed"], [(r.slot_us, r.error) for r in rows]
+    skipped = [r for r in rows if r.state == "skipped"]
+    assert skipped
+    assert all("superseded" in (r.error or "") for r in skipped)
 
 
 async def test_cancel_other_stops_the_running_attempt_for_the_new_slot() -> None:

@@ -31,7 +31,9 @@ from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.planning import PlannedJob, claim_for
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["AFTER_OUTAGE_US", "BUSY_GRACE_US", "OverlapPolicy"]
+__all__ = ["AFTER_OUTAGE_US", "BUSY_GRACE_US", "SUPERSEDED_REASON", "OverlapPolicy"]
+
+SUPERSEDED_REASON = "superseded by a newer slot while the job was running"
 
 BUSY_GRACE_US = 1_000_000
 """Right after a store outage (within :data:`AFTER_OUTAGE_US` of this replica finding the
@@ -131,6 +133,25 @@ class OverlapPolicy:
             job.buffered = None
         return claims, blocked
 
+    async def supersede_buffered(self) -> None:
+        """Skip the buffered slots a newer slot of their job has come after (the job's
+        cursor moved past them): the newer one is claimed in their place — refused
+        ``busy`` it is buffered instead — so the slot that runs when the running attempt
+        ends is always the newest due, here and on every replica."""
+        for name in list(self.buffered):
+            job = self._jobs.get(name)
+            if job is None or job.buffered is None or job.cursor_us <= job.buffered:
+                continue
+            slot = job.buffered
+            await self.skip(
+                SlotClaim(job=name, slot_us=slot, run_id=""),
+                SUPERSEDED_REASON,
+                "superseded",
+            )
+            if job.buffered == slot:
+                job.buffered = None
+                self.buffered.discard(name)
+
     # -- refusals ------------------------------------------------------------------------
     async def refuse_blocked(self, blocked: list[SlotClaim], reason: str) -> None:
         """Slots of jobs whose abandoned run still runs here: a fresh slot is recorded
@@ -187,7 +208,7 @@ class OverlapPolicy:
         if job.buffered is not None and job.buffered != claim.slot_us:
             await self.skip(
                 SlotClaim(job=claim.job, slot_us=min(job.buffered, claim.slot_us), run_id=""),
-                "superseded by a newer slot while the job was running",
+                SUPERSEDED_REASON,
                 "superseded",
             )
         job.buffered = max(claim.slot_us, job.buffered or 0)
