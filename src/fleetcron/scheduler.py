@@ -125,6 +125,7 @@ class AsyncScheduler:
         self._due = DueHeap(delay=lambda job, slot: self.handover.collect_delay_us(job, slot))
         self._later_at_us = 0  # the next collection of slots other replicas own
         self._catching_up: set[tuple[str, int]] = set()
+        self._after_outage = False  # the pass under way is the first after an outage
         self.store_clock = StoreClock(store, clock, metrics)
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a run finished: waiting slots may be claimable now
@@ -357,7 +358,9 @@ class AsyncScheduler:
                 iso_utc(store_now),
                 extra={"action": "job_at_in_past", "job": spec.name},
             )
-        self._jobs[spec.name] = PlannedJob(spec=spec, cursor_us=cursor)
+        self._jobs[spec.name] = PlannedJob(
+            spec=spec, cursor_us=cursor, resumed=high_water is not None
+        )
         self._due.push(self._jobs[spec.name])
 
     # -- leader mode -----------------------------------------------------------------------
@@ -442,6 +445,7 @@ class AsyncScheduler:
         # host's clock, which may be wrong (a replica whose clock ran ahead must not record
         # future slots as missed or skipped for the whole fleet).
         now = await self.store_clock.for_pass()
+        self._after_outage = self.outage.active
         if self.outage.active:
             # The store answers again: the outcomes waiting for a try go before any claim.
             self.supervisor.store_answered()
@@ -504,6 +508,7 @@ class AsyncScheduler:
             plans,
             conflicts=self.definitions.conflicts,
             metrics=self.metrics,
+            after_outage=self._after_outage,
         )
         for job, plan in plans:
             spec = job.spec
@@ -549,8 +554,13 @@ class AsyncScheduler:
         if not plan.ready:
             return []
         job.cursor_us = plan.ready[-1]
-        # Caught-up slots run one after another, not "skipped while the previous runs".
-        self._catching_up.update((job.spec.name, slot) for slot in plan.caught_up)
+        job.resumed = False
+        # Caught-up slots run one after another, not "skipped while the previous runs";
+        # so do the slots that come due while such a backlog is worked through.
+        joining = plan.caught_up or (plan.take if job.draining is not None else [])
+        if plan.caught_up:
+            job.draining = plan.caught_up[-1]
+        self._catching_up.update((job.spec.name, slot) for slot in joining)
         return plan.take
 
     async def _claim(self) -> None:
@@ -644,17 +654,24 @@ class AsyncScheduler:
         for claim, answer in answers:
             if answer.status in ("claimed", "taken", "missed", "conflict"):
                 self._catching_up.discard((claim.job, claim.slot_us))
+                job = self._jobs.get(claim.job)
+                if job is not None and job.draining is not None and claim.slot_us > job.draining:
+                    # A slot after the backlog got the job's lease: the backlog is done.
+                    job.draining = None
             self.overlap.answered(claim, answer.status)
             if answer.run is not None:
                 self.supervisor.start(answer.run, sent)
         refused = [(claim, answer.status) for claim, answer in answers if answer.run is None]
         freed = False
-        for index, (claim, status) in enumerate(refused):
-            try:
-                freed |= await self.overlap.refused(claim, status)
-            except StoreError:
-                # Recording a skip failed: this slot and the ones not looked at yet are
-                # claimed again next tick (the store answers for them again).
-                self._pending.extendleft(reversed([c for c, _ in refused[index:]]))
-                raise
+        try:
+            for index, (claim, status) in enumerate(refused):
+                try:
+                    freed |= await self.overlap.refused(claim, status)
+                except StoreError:
+                    # Recording a skip failed: this slot and the ones not looked at yet
+                    # are claimed again next tick (the store answers for them again).
+                    self._pending.extendleft(reversed([c for c, _ in refused[index:]]))
+                    raise
+        finally:
+            self.overlap.say_missed()
         return freed and bool(self._pending)

@@ -24,7 +24,7 @@ from fleetcron.lease import AsyncLease, Lease, LeaseTerms
 from fleetcron.models import LeaseRecord, RunFinish, RunOutcome, RunRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
 
-__all__ = ["AsyncSlotLease", "Recorder", "SlotLease"]
+__all__ = ["CANCEL_REQUESTED", "AsyncSlotLease", "Recorder", "SlotLease", "cancel_reason"]
 
 _CANCEL_REASON = "another run asked this one to stop (overlap = cancel_other)"
 
@@ -53,6 +53,20 @@ Recorder = Callable[[RunFinish], Awaitable[bool]]
 """Records one outcome in the store; whether the store took it (its fence current)."""
 
 
+CANCEL_REQUESTED = "cancel requested"
+"""The reason a cancelled attempt is recorded with when the request names nobody
+(``overlap = "cancel_other"``)."""
+_BY_PREFIX = "cancelled by "
+
+
+def cancel_reason(row: RunRecord) -> str:
+    """The reason a cancelled attempt is recorded with: who asked, when the request said
+    so (``cancelled by alice@host``, kept in the row's ``error`` until the outcome
+    replaces it), else :data:`CANCEL_REQUESTED`."""
+    note = row.error
+    return note if note is not None and note.startswith(_BY_PREFIX) else CANCEL_REQUESTED
+
+
 class AsyncSlotLease(AsyncLease):
     """A claimed slot held like a lease (asyncio): one run of the scheduler.
 
@@ -73,7 +87,7 @@ class AsyncSlotLease(AsyncLease):
         *,
         sent_us: int,
         clock: Clock,
-        on_cancel: Callable[[], None] | None = None,
+        on_cancel: Callable[[str], None] | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         super().__init__(store, terms, _slot_record(run, terms), sent_us=sent_us, clock=clock)
@@ -103,9 +117,10 @@ class AsyncSlotLease(AsyncLease):
         if run.cancel_requested and not self.cancel_requested:
             self.cancel_requested = True
             if self._on_cancel is not None:
-                self._on_cancel()
+                self._on_cancel(cancel_reason(run))
             if self.cancel_ends_lease:
-                self._declare_lost(_CANCEL_REASON)
+                reason = cancel_reason(run)
+                self._declare_lost(_CANCEL_REASON if reason == CANCEL_REQUESTED else reason)
         return _renewed_record(self.record, run)
 
     async def extend(self) -> None:

@@ -11,13 +11,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from fleetcron._log import log
-from fleetcron.jobspec import JobSpec
 from fleetcron.metrics import Metrics
 from fleetcron.models import ClaimResult, RunNote, SlotClaim
+from fleetcron.schedules import iso_utc
 from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT, Plan, PlannedJob
 from fleetcron.stores.base import AsyncStore
+from fleetcron.stores.ledger import MISSED_ERROR
 
-__all__ = ["RECORD_BATCH", "SIFT_AT_LEAST", "record_missed", "send_claims", "sift"]
+__all__ = [
+    "RECORD_BATCH",
+    "SIFT_AT_LEAST",
+    "missed_line",
+    "record_missed",
+    "send_claims",
+    "sift",
+]
 
 RECORD_BATCH = 1000
 """Missed slots recorded per round trip."""
@@ -32,37 +40,68 @@ async def record_missed(
     *,
     conflicts: Mapping[str, object],
     metrics: Metrics | None,
+    after_outage: bool = False,
 ) -> None:
     """Record ``missed`` the slots catch-up gives up, for every job of a pass together:
     one round trip per :data:`RECORD_BATCH` slots, not one per slot (a replica that fell
-    behind must not fall further behind recording it)."""
+    behind must not fall further behind recording it). Each job whose slots this replica
+    recorded gets one log line — how many, between which slots, and why: a job resumed
+    from the fleet's last slot missed them while no replica ran, ``after_outage`` while
+    the store could not be reached, else the fleet was behind. Slots another replica had
+    recorded already are not counted again."""
     notes: list[RunNote] = []
-    counted: list[tuple[JobSpec, int]] = []
+    counted: list[PlannedJob] = []
     for job, plan in plans:
         spec = job.spec
         # A superseded definition's slots are not the job's: nothing is recorded for them
         # (a row would keep the governing replica from a slot both schedules have).
         if not plan.missed or spec.name in conflicts:
             continue
-        why = f"missed (catchup = {spec.catchup})"
         notes += (
-            RunNote(spec.name, slot, "missed", why, "schedule")
+            RunNote(spec.name, slot, "missed", MISSED_ERROR, "schedule")
             for slot in plan.missed[-MISSED_RECORD_LIMIT:]
         )
-        counted.append((spec, len(plan.missed)))
+        counted.append(job)
+    written: list[bool] = []
     for start in range(0, len(notes), RECORD_BATCH):
         chunk = notes[start : start + RECORD_BATCH]
-        await store.run(store.ops.run_record_many(namespace, chunk))
-    for spec, count in counted:
+        written += await store.run(store.ops.run_record_many(namespace, chunk))
+    mine: dict[str, list[int]] = {}
+    for note, wrote in zip(notes, written, strict=True):
+        if wrote:
+            mine.setdefault(note.job, []).append(note.slot_us)
+    for job in counted:
+        spec = job.spec
+        slots = mine.get(spec.name)
+        if not slots:
+            continue  # another replica recorded (and said) them
         if metrics is not None:
-            metrics.missed(spec.name, count)
-        log.warning(
-            "%s: %d slot(s) missed (catchup = %s)",
-            spec.name,
-            count,
-            spec.catchup,
-            extra={"action": "slot_missed", "job": spec.name, "count": count},
-        )
+            metrics.missed(spec.name, len(slots))
+        if job.resumed:
+            why = "while no replica ran"
+        elif after_outage:
+            why = "while the store could not be reached"
+        else:
+            why = "behind schedule: no replica started them in time"
+        missed_line(spec.name, slots, why, spec.catchup)
+
+
+def missed_line(job: str, slots: Sequence[int], why: str, catchup: str) -> None:
+    """Say in one line that ``slots`` (oldest first) of ``job`` were recorded missed."""
+    first, last = iso_utc(slots[0]), iso_utc(slots[-1])
+    log.warning(
+        "%s: %s missed %s (%s), catchup = %s",
+        job,
+        _slots(len(slots)),
+        why,
+        first if first == last else f"{first} to {last}",
+        catchup,
+        extra={"action": "slot_missed", "job": job, "count": len(slots)},
+    )
+
+
+def _slots(count: int) -> str:
+    return "1 slot" if count == 1 else f"{count} slots"
 
 
 async def sift(

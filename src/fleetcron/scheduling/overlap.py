@@ -28,6 +28,7 @@ from fleetcron.jobspec import JobSpec
 from fleetcron.metrics import Metrics
 from fleetcron.models import SlotClaim
 from fleetcron.schedules import iso_utc
+from fleetcron.scheduling.claiming import missed_line
 from fleetcron.scheduling.planning import PlannedJob, claim_for
 from fleetcron.stores.base import AsyncStore
 
@@ -82,6 +83,7 @@ class OverlapPolicy:
         self._busy_wait: list[SlotClaim] = []
         self._busy_retry_at_us: int | None = None
         self._store_back_us: int | None = None
+        self._missed: dict[str, list[int]] = {}
 
     # -- the replica's state -------------------------------------------------------------
     def store_back(self, now: int) -> None:
@@ -168,6 +170,15 @@ class OverlapPolicy:
                 self._pending.extendleft(reversed(blocked[index:]))
                 raise
 
+    def say_missed(self) -> None:
+        """One line per job for the claims the store answered ``missed`` since the last
+        call (past their deadline: recorded so by the store)."""
+        for job, slots in self._missed.items():
+            spec = self._specs.get(job)
+            catchup = spec.catchup if spec is not None else "?"
+            missed_line(job, sorted(slots), "behind schedule: not started by its deadline", catchup)
+        self._missed.clear()
+
     async def refused(self, claim: SlotClaim, status: str) -> bool:
         """Apply the policy to a claim the store refused with ``status``. Returns whether
         the slot is settled elsewhere (taken, or final), freeing its place in the batch."""
@@ -176,13 +187,8 @@ class OverlapPolicy:
         if status == "conflict":
             return True  # the stored definition governs: its replicas run the job
         if status == "missed":
-            log.warning(
-                "%s: slot %s missed: not started by its deadline (catchup = %s)",
-                claim.job,
-                iso_utc(claim.slot_us),
-                self._specs[claim.job].catchup,
-                extra={"action": "slot_missed", "job": claim.job, "slot_us": claim.slot_us},
-            )
+            # Recorded by the store in the same round trip; said once per job and batch.
+            self._missed.setdefault(claim.job, []).append(claim.slot_us)
             return True
         if claim.trigger != "schedule":
             return False  # a trigger or backfill: the ledger's queued row brings it back
@@ -211,16 +217,23 @@ class OverlapPolicy:
                 SUPERSEDED_REASON,
                 "superseded",
             )
+        newer = job.buffered is None or claim.slot_us > job.buffered
         job.buffered = max(claim.slot_us, job.buffered or 0)
         self.buffered.add(claim.job)
-        if job.spec.overlap == "cancel_other":
+        if job.spec.overlap == "cancel_other" and newer:
+            # Asked once per waiting slot: the request stays on the running attempt's row,
+            # and the replica running it acts on it within about a second.
             asked = await self._store.run(self._store.ops.run_cancel(self._namespace, claim.job))
-            log.info(
-                "%s: asked %d running attempt(s) to stop (overlap = cancel_other)",
-                claim.job,
-                asked,
-                extra={"action": "run_cancel_requested", "job": claim.job},
-            )
+            if asked:
+                # Said at debug only: every replica holding the slot asks; the replica that
+                # runs the attempt says once that it stops it (run_cancel_received).
+                log.debug(
+                    "%s: slot %s asked %d running attempt(s) to stop (overlap = cancel_other)",
+                    claim.job,
+                    iso_utc(claim.slot_us),
+                    asked,
+                    extra={"action": "run_cancel_requested", "job": claim.job},
+                )
 
     async def _busy(self, claim: SlotClaim) -> None:
         """``skip``: the slot is skipped, after its grace right after an outage."""

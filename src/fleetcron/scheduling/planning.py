@@ -29,7 +29,10 @@ __all__ = [
     "plan_slots",
 ]
 
-LATE_TOLERANCE_US = 5_000_000  # a slot this late is still "on time" (catchup = skip)
+LATE_TOLERANCE_US = 5_000_000
+"""A slot is *on time* while no newer slot has come due and it is at most this late
+(plus its jitter); every other slot due is *late*, and the job's catch-up policy decides
+whether it runs. One rule for every policy."""
 MISSED_RECORD_LIMIT = 1_000  # missed slots recorded per job per pass (the newest)
 
 
@@ -37,13 +40,19 @@ MISSED_RECORD_LIMIT = 1_000  # missed slots recorded per job per pass (the newes
 class PlannedJob:
     """A job as one replica plans it: ``cursor_us`` is its last slot collected (or the
     fleet's high-water mark at start); ``buffered`` the newest slot waiting for the running
-    attempt to end (``overlap = buffer_one`` / ``cancel_other``); ``next`` what the
+    attempt to end (``overlap = buffer_one`` / ``cancel_other``); ``draining`` the newest
+    slot of a caught-up backlog still being worked through (slots that come due meanwhile
+    join it instead of being skipped behind it); ``resumed`` whether it resumed from the
+    fleet's last slot and has not been collected since (its missed slots came due while no
+    replica ran); ``next`` what the
     scheduler worked out for its next slot when it went in the heap (its own, for the
     pass that collects the slot)."""
 
     spec: JobSpec
     cursor_us: int
     buffered: int | None = None
+    draining: int | None = None
+    resumed: bool = False
     next: object = None
 
 
@@ -117,17 +126,24 @@ def plan_slots(job: PlannedJob, now_us: int) -> Plan:
         # on time, no jitter.
         return Plan(take=due, missed=[], caught_up=[], ready=list(due))
     ready = [s for s in due if s + jitter_us(spec.name, s, spec.jitter_us) <= now_us]
-    on_time = [s for s in ready if now_us - s <= LATE_TOLERANCE_US + spec.jitter_us]
-    late = [s for s in ready if s not in on_time]
+    # One rule for every policy: only the newest slot due can be on time (a slot a newer
+    # one has come after is late, however recent), and only within the tolerance.
+    on_time = [s for s in ready[-1:] if now_us - s <= LATE_TOLERANCE_US + spec.jitter_us]
+    late = ready[: len(ready) - len(on_time)]
     take = list(on_time)
+    caught_up: list[int] = []
     if late:
         window = [s for s in late if now_us - s <= spec.catchup_window_us]
         if spec.catchup == "all":
             take = window[-spec.max_catchup :] + on_time
+            # The whole backlog runs one after another, its on-time slot last: none of
+            # it is "skipped while the previous one runs".
+            caught_up = list(take) if window else []
         elif spec.catchup == "latest" and not on_time and window:
             take = [window[-1]]
-    missed = [s for s in ready if s not in take]
-    caught_up = [s for s in take if s not in on_time]
+            caught_up = list(take)
+    taken = set(take)
+    missed = [s for s in ready if s not in taken]
     return Plan(take=take, missed=missed, caught_up=caught_up, ready=ready)
 
 
@@ -158,17 +174,21 @@ def deadline(spec: JobSpec, slot: int) -> int:
     """The store time by which a slot's first attempt must start, else it is recorded as
     ``missed`` at claim time: a replica that fell behind sheds stale slots under the
     job's catch-up policy instead of running them late. ``skip``: while the slot is on
-    time; ``all``: within the catch-up window; ``latest``: until the next slot fires (a
-    newer slot supersedes it), within the window."""
+    time (within :data:`LATE_TOLERANCE_US` and before the next slot fires); ``all``:
+    within the catch-up window; ``latest``: until the next slot fires (a newer slot
+    supersedes it), within the window."""
     on_time = slot + LATE_TOLERANCE_US + spec.jitter_us
+    if spec.catchup == "all":
+        return max(on_time, slot + spec.catchup_window_us)
+    following = spec.schedule.next_after(slot)
+    fires = (
+        None if following is None else following + jitter_us(spec.name, following, spec.jitter_us)
+    )
     if spec.catchup == "skip":
-        return on_time
-    window = slot + spec.catchup_window_us
-    if spec.catchup == "latest":
-        following = spec.schedule.next_after(slot)
-        if following is not None:
-            fires = following + jitter_us(spec.name, following, spec.jitter_us)
-            # An on-time slot runs whatever the window (a window shorter than the
-            # tolerance must not shed it), until the next slot supersedes it.
-            return min(max(window, on_time), fires)
-    return max(on_time, window)
+        # On time: within the tolerance, and before the next slot comes (the same rule
+        # as planning's).
+        return on_time if fires is None else min(on_time, fires)
+    # latest: an on-time slot runs whatever the window (a window shorter than the
+    # tolerance must not shed it), until the next slot supersedes it.
+    window = max(slot + spec.catchup_window_us, on_time)
+    return window if fires is None else min(window, fires)

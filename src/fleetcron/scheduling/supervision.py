@@ -36,6 +36,7 @@ from fleetcron.pings import AsyncPinger, finish_ping, start_ping
 from fleetcron.queue import AsyncQueue, JobQueue
 from fleetcron.reaper import Reaper
 from fleetcron.schedules import iso_utc
+from fleetcron.scheduling.cancels import CancelWatch
 from fleetcron.scheduling.finishing import FinishBatcher
 from fleetcron.scheduling.recovery import Recovery
 from fleetcron.scrub import scrubber_for
@@ -66,6 +67,27 @@ class Running:
     record: RunRecord
     cancellation: Cancellation
     task: asyncio.Task[None] | None = None
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the attempt is being stopped already (for any reason)."""
+        return self.cancellation.reason is not None
+
+    def cancel(self, reason: str) -> None:
+        """A cancel request reached the attempt (its row, read by the cancel watch or a
+        renewal): stop it, recording ``reason``; said once."""
+        if self.stopping:
+            return
+        record = self.record
+        log.info(
+            "%s: stopping the run of slot %s (fence %d): %s",
+            record.job,
+            iso_utc(record.slot_us),
+            record.fence,
+            reason,
+            extra={"action": "run_cancel_received", "job": record.job, "fence": record.fence},
+        )
+        self.cancellation.request(reason)
 
 
 class Supervisor:
@@ -104,6 +126,7 @@ class Supervisor:
         # The reaper's stop points are CLOCK_MONOTONIC instants: a test's fake clock has
         # none to give it.
         self.reaper = Reaper() if Reaper.supported() and isinstance(clock, SystemClock) else None
+        self.cancels = CancelWatch(store, options.namespace, lambda: self.running)
 
     def store_answered(self) -> None:
         """The store answers again after failing: outcomes waiting for their next try are
@@ -121,6 +144,7 @@ class Supervisor:
         entry.task = asyncio.create_task(
             self._run_one(entry, sent_us), name=f"fleetcron-run:{record.job}"
         )
+        self.cancels.wake()
 
     def _slot_lease(self, entry: Running, sent_us: int) -> AsyncSlotLease:
         """The run's lease: renewed (keepalive = true), its loss stops the run."""
@@ -138,7 +162,7 @@ class Supervisor:
             record,
             sent_us=sent_us,
             clock=self.clock,
-            on_cancel=lambda: entry.cancellation.request("cancel requested"),
+            on_cancel=entry.cancel,
             # With the outcomes of the other runs ending now: one round trip for them all.
             recorder=self.finisher.finish,
         )
@@ -418,6 +442,7 @@ class Supervisor:
             task.cancel()
         if cancelled:  # their last pings are queued as they unwind
             await asyncio.wait(cancelled, timeout=1)
+        await self.cancels.close()
         if self.reaper is not None:
             # Every run has ended (each told the reaper): it exits as its pipe closes.
             await asyncio.to_thread(self.reaper.close)
