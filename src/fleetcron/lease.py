@@ -386,6 +386,7 @@ class Lease:
         self._portal_source = portal
         self._portal: Portal | None = None
         self._owns_portal = False
+        self._keepalive_on_portal = False
         self.lost = threading.Event()
         """Set when the lease is lost; long-running work can poll or wait on it."""
         self._on_lost: list[Callable[[Lease], None]] = []
@@ -480,13 +481,21 @@ class Lease:
     # -- keepalive and the store ------------------------------------------------------------
     def start_keepalive(self) -> None:
         """Start renewing on the portal (idempotent)."""
+        if self._keepalive_on_portal:
+            return
+        self._keepalive_on_portal = True
+        self._ensure_portal()
+        assert self._portal is not None
+        self._portal.call_soon(self._core.start_keepalive)
+
+    def _ensure_portal(self) -> None:
+        """The loop the core's tasks (renewals, watches) run on, started once."""
         if self._portal is not None:
             return
         if self._portal_source is not None:
             self._portal = self._portal_source()
         else:
             self._portal, self._owns_portal = Portal(f"fleetcron-keepalive:{self.name}"), True
-        self._portal.call_soon(self._core.start_keepalive)
 
     def extend(self) -> None:
         """Renew for another ``lock_at_most``. Raises :class:`LeaseLost` if refused."""

@@ -226,13 +226,16 @@ def _exit_status(lease: Lease, options: ExecOptions, reason: str | None, returnc
     return status
 
 
-def run_outcome(status: int | None, cancel_requested: bool) -> RunOutcome:
+def run_outcome(
+    status: int | None, cancel_requested: bool, reason: str = "cancel requested"
+) -> RunOutcome:
     """The outcome exec's exit ``status`` amounts to, for the ledger and the pings
-    (``None``: exec failed before the command ended)."""
+    (``None``: exec failed before the command ended); ``reason``: why a cancelled run was
+    asked to stop."""
     if status is None:
         return RunOutcome(state="failed", error="fleetcron exec failed before the command ended")
     if cancel_requested:
-        return RunOutcome(state="cancelled", exit_code=status, error="cancel requested")
+        return RunOutcome(state="cancelled", exit_code=status, error=reason)
     if status == EXIT_LEASE_LOST:
         return RunOutcome(state="lost", exit_code=status, error="lease lost; command stopped")
     if status == EXIT_TIMEOUT:

@@ -260,6 +260,7 @@ def run_exec_schedule(
     lease = SlotLease(store, terms, run, sent_us=sent, clock=clock)
     if terms.keepalive:
         lease.start_keepalive()
+    lease.start_cancel_watch()  # `fleetcron cancel` reaches the command within a second
     status: int | None = None
     try:
         status = run_command(
@@ -281,7 +282,9 @@ def run_exec_schedule(
 
         # The command's output is passed through, not stored; what is stored is scrubbed
         # all the same (fleetcron.scrub), as the daemon's outcomes are.
-        outcome = Scrubber(backend_url).outcome(run_outcome(status, lease.cancel_requested))
+        outcome = Scrubber(backend_url).outcome(
+            run_outcome(status, lease.cancel_requested, lease.cancel_reason)
+        )
         try:
             lease.finish(outcome, on_retry=retrying)
         except Exception as error:
