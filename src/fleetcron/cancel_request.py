@@ -45,23 +45,25 @@ def default_requester() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def cancel_note(by: object) -> str:
+def cancel_note(by: object, where: str = "by") -> str:
     """``cancelled by BY``: the note a request writes, which the stopped run's outcome
     keeps as its error. ``by`` must be one line of printable text of at most
-    :data:`MAX_REQUESTER_LENGTH` characters (a :class:`ConfigurationError` otherwise)."""
+    :data:`MAX_REQUESTER_LENGTH` characters: else a :class:`ConfigurationError` naming
+    ``where`` (the parameter or option it came from)."""
     if not isinstance(by, str):
-        raise ConfigurationError(f"by must be a string, not {type(by).__name__}")
+        raise ConfigurationError(f"{where} must be a string, not {type(by).__name__}")
     who = by.strip()
     if not who:
-        raise ConfigurationError("by must name who asks the run to stop; it is empty")
+        raise ConfigurationError(f"{where} must name who asks the run to stop; it is empty")
     if len(who) > MAX_REQUESTER_LENGTH:
         raise ConfigurationError(
-            f"by must be at most {MAX_REQUESTER_LENGTH} characters, got {len(who)}"
+            f"{where} must be at most {MAX_REQUESTER_LENGTH} characters, got {len(who)}"
         )
     # A control or format character would forge a line, or hide text, in every log and
-    # table that shows the ledger's error.
-    if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in who):
-        raise ConfigurationError(f"by must be printable text on one line, not {who!r}")
+    # table that shows the ledger's error; a lone surrogate (undecodable argv) cannot be
+    # stored at all.
+    if any(unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp") for char in who):
+        raise ConfigurationError(f"{where} must be printable text on one line, not {who!r}")
     return f"cancelled by {who}"
 
 

@@ -43,6 +43,7 @@ def test_the_note_names_who_asked() -> None:
         ("ops\x1b[31m", "one line"),
         ("ops\u202egnp.exe", "one line"),
         ("ops\u2028forged", "one line"),
+        ("ops\udcff", "one line"),
         ("x" * (MAX_REQUESTER_LENGTH + 1), "at most 200 characters"),
         (7, "must be a string, not int"),
     ],
