@@ -23,10 +23,19 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 from prometheus_client import make_asgi_app
 
+from fleetcron._log import log
+from fleetcron.cancel_request import (
+    cancel_note,
+    cancel_runs,
+    default_requester,
+    requested_slot,
+    unknown_job,
+)
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import DurationLike, to_micros
 from fleetcron.errors import ConfigurationError, LockBusy
@@ -43,7 +52,7 @@ from fleetcron.lock_terms import (
 )
 from fleetcron.metrics import Metrics
 from fleetcron.models import REPLICA_RETAIN_US, LeaseRecord, ReplicaRecord, RunRecord
-from fleetcron.names import resolve_namespace, validate_name
+from fleetcron.names import resolve_namespace, validate_job_name, validate_name
 from fleetcron.queue import AsyncQueue, QueueSettings
 from fleetcron.registry import JobRegistry
 from fleetcron.scheduler import AsyncScheduler
@@ -310,6 +319,33 @@ class AsyncFleet(JobRegistry, Observed):
     async def runs(self, job: str | None = None, *, limit: int = 50) -> list[RunRecord]:
         """Ledger rows of this namespace (of ``job`` only, when given), newest slot first."""
         return await self.store.run(self.store.ops.run_list(self.namespace, job, row_limit(limit)))
+
+    async def cancel(self, job: str, *, slot: datetime | None = None, by: str | None = None) -> int:
+        """Ask the running attempts of ``job`` to stop — that of ``slot`` (an aware
+        datetime) only, when given — and return how many were asked: 0 when none runs.
+
+        The replica running each stops it within about a second, as on a lost lease (a
+        command: SIGTERM to its process group, SIGKILL after the kill grace; a function:
+        ``ctx.cancelled`` and :class:`~fleetcron.errors.RunCancelled`), and records it
+        ``cancelled`` with the error "cancelled by BY". ``by`` names who asked (default:
+        ``user@host`` of this process). A job the store does not know is a
+        :class:`ConfigurationError`; so is a naive ``slot``."""
+        name = validate_job_name(job)
+        slot_us = requested_slot(slot)
+        requester = default_requester() if by is None else by
+        note = cancel_note(requester)
+        ops = self.store.ops
+        asked = await self.store.run(cancel_runs(ops, self.namespace, name, slot_us, note))
+        if asked is None:
+            raise unknown_job(name, self.namespace)
+        log.info(
+            "%s: asked %d running attempt(s) to stop (%s)",
+            name,
+            asked,
+            note,
+            extra={"action": "run_cancel_requested", "job": name, "asked": asked, "by": requester},
+        )
+        return asked
 
     async def replicas(self, *, include_gone: bool = False) -> list[ReplicaRecord]:
         """The scheduler replicas of this namespace that are up — their heartbeat rows have

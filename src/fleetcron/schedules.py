@@ -57,6 +57,7 @@ __all__ = [
     "from_datetime",
     "iso_utc",
     "jitter_us",
+    "parse_instant",
     "parse_timezone",
     "preview",
     "schedule_from_definition",
@@ -476,6 +477,19 @@ def _transitions(zone: ZoneInfo, start_us: int, end_us: int) -> list[int]:
             found.append(_transition_in(zone, previous, moment))
         previous, previous_offset = moment, offset
     return found
+
+
+def parse_instant(text: str, where: str) -> int:
+    """An ISO 8601 time given by a user (``where`` names the option or parameter) in µs
+    since the epoch; one without an offset is UTC, as slots are. Anything else is a
+    :class:`ConfigurationError` that names ``where``."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return from_datetime(moment)
+    except ValueError:
+        raise ConfigurationError(f"{where}: {text!r} is not an ISO 8601 time") from None
 
 
 def iso_utc(moment_us: int) -> str:

@@ -17,6 +17,7 @@ import inspect
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from fleetcron.bridge import Portal, ThreadedAsyncStore, run_inline
@@ -332,6 +333,10 @@ class Fleet(JobRegistry, Observed):
     def runs(self, job: str | None = None, *, limit: int = 50) -> list[RunRecord]:
         """Sync :meth:`AsyncFleet.runs`."""
         return run_inline(self._core.runs(job, limit=limit))
+
+    def cancel(self, job: str, *, slot: datetime | None = None, by: str | None = None) -> int:
+        """Sync :meth:`AsyncFleet.cancel`."""
+        return run_inline(self._core.cancel(job, slot=slot, by=by))
 
     def replicas(self, *, include_gone: bool = False) -> list[ReplicaRecord]:
         """Sync :meth:`AsyncFleet.replicas`."""

@@ -188,8 +188,10 @@ class Ledger:
             self.ops.run_record(self.namespace, job, slot_us, state, error, trigger)
         )
 
-    def cancel(self, job: str) -> int:
-        return self.store.run(self.ops.run_cancel(self.namespace, job))
+    def cancel(self, job: str, slot_us: int | None = None, note: str | None = None) -> int:
+        if slot_us is None and note is None:  # the call as the scheduler's overlap makes it
+            return self.store.run(self.ops.run_cancel(self.namespace, job))
+        return self.store.run(self.ops.run_cancel(self.namespace, job, slot_us, note))
 
     def get(self, job: str, slot_us: int) -> RunRecord | None:
         return self.store.run(self.ops.run_get(self.namespace, job, slot_us))
@@ -997,6 +999,70 @@ def test_run_cancel_flags_the_jobs_unexpired_running_attempts_and_extend_reports
     renewed = ledger.extend(other)
     assert renewed is not None
     assert renewed.cancel_requested
+
+
+def test_run_cancel_of_a_slot_asks_that_attempt_alone_and_writes_the_note_as_its_error(
+    ledger: Ledger,
+) -> None:
+    s1, s2, s3, s4, s5 = ledger.past_slots(5)
+    stale = ledger.must_claim("job", s1, ttl_us=SHORT, exclusive=False)
+    ledger.wait_until(stale.expires_us)  # type: ignore[arg-type]
+    first = ledger.must_claim("job", s2, exclusive=False)
+    second = ledger.must_claim("job", s3, exclusive=False)
+    done = ledger.must_claim("job", s4, exclusive=False)
+    assert ledger.finish(done, "failed", exit_code=3, error="exit status 3")
+    assert ledger.record("job", s5, "queued", trigger="manual")
+    other = ledger.must_claim("other", s3)
+    untouched = {
+        (job, slot): stored(ledger.must_get(job, slot))
+        for job, slot in (("job", s1), ("job", s4), ("job", s5), ("other", s3))
+    }
+
+    note = "cancelled by ops@host-a"
+    assert ledger.cancel("job", s3, note) == 1
+    asked = ledger.must_get("job", s3)
+    assert stored(asked) == stored(dataclasses.replace(second, cancel_requested=True, error=note))
+    assert stored(ledger.must_get("job", s2)) == stored(first), "another slot is not asked"
+
+    # Only a running attempt whose lease has not expired is asked: an expired one (its
+    # holder vanished), a finished, a queued slot and a slot without a row are not.
+    for slot in (s1, s4, s5, s5 + 1):
+        assert ledger.cancel("job", slot, note) == 0
+    assert ledger.cancel("nobody", s3, note) == 0
+    assert ledger.get("job", s5 + 1) is None
+    assert ledger.get("nobody", s3) is None
+
+    # Asking again counts again, and the newer note is the one kept.
+    assert ledger.cancel("job", s3, "cancelled by web:10.0.0.7") == 1
+    assert ledger.must_get("job", s3).error == "cancelled by web:10.0.0.7"
+
+    # Every running attempt of the job, each with the note; without one, the note stays.
+    assert ledger.cancel("job", note="cancelled by ☃ naïve 🔒 \x00") == 2
+    for slot in (s2, s3):
+        row = ledger.must_get("job", slot)
+        assert (row.cancel_requested, row.error) == (True, "cancelled by ☃ naïve 🔒 \ufffd")
+    assert ledger.cancel("job") == 2
+    assert ledger.cancel("job", s2) == 1
+    assert ledger.must_get("job", s2).error == "cancelled by ☃ naïve 🔒 \ufffd"
+
+    assert {key: stored(ledger.must_get(*key)) for key in untouched} == untouched
+    renewed = ledger.extend(first)
+    assert renewed is not None
+    assert (renewed.cancel_requested, renewed.error) == (True, "cancelled by ☃ naïve 🔒 \ufffd")
+    assert ledger.extend(other) is not None
+    assert not ledger.must_get("other", s3).cancel_requested
+
+
+def test_an_attempt_asked_to_stop_finishes_with_the_outcome_it_reports(ledger: Ledger) -> None:
+    (slot,) = ledger.past_slots(1)
+    run = ledger.must_claim("job", slot)
+    assert ledger.cancel("job", slot, "cancelled by ops@host-a") == 1
+
+    assert ledger.finish(run, "cancelled", exit_code=-15, error="cancelled by ops@host-a")
+    row = ledger.must_get("job", slot)
+    assert (row.state, row.exit_code, row.error) == ("cancelled", -15, "cancelled by ops@host-a")
+    assert ledger.cancel("job", slot, "cancelled by someone else") == 0, "finished: not asked"
+    assert ledger.must_get("job", slot).error == "cancelled by ops@host-a"
 
 
 def test_a_new_attempt_starts_without_the_previous_attempts_cancel_request(

@@ -174,6 +174,29 @@ def test_the_dashboard_lists_the_jobs_and_triggers_only_with_the_token(
     newest = store.run(store.ops.run_list(namespace, "export", 1))[0]
     assert newest.trigger == "manual"
 
+    # A running attempt: its job's page offers Cancel, which asks it to stop (its replica
+    # then stops it), noting who asked.
+    now = store.run(store.ops.store_now())
+    claim = SlotClaim(job="report", slot_us=now - now % MIN, run_id="running", exclusive=False)
+    [answer] = store.run(store.ops.run_claim(namespace, [claim], "e2e-host:4242:s", 10 * MIN))
+    assert answer.run is not None, answer
+
+    def asked() -> tuple[bool, str | None]:
+        row = store.run(store.ops.run_get(namespace, "report", claim.slot_us))
+        assert row is not None
+        return row.cancel_requested, row.error
+
+    page.goto(f"{url}jobs/report")
+    page.fill("input[name=token]", "not-the-token")
+    page.get_by_role("button", name="Cancel run").click()
+    expect(page.locator(".refused")).to_contain_text("Refused")
+    assert asked() == (False, None)
+    page.goto(f"{url}jobs/report")
+    page.fill("input[name=token]", TOKEN)
+    page.get_by_role("button", name="Cancel run").click()
+    expect(page.locator(".notice")).to_contain_text("Asked the running attempt to stop")
+    assert asked() == (True, "cancelled by web:127.0.0.1")
+
     web.proc.send_signal(signal.SIGTERM)
     assert web.wait(timeout=30).returncode == 0
 

@@ -37,6 +37,7 @@ READERS = [
     ("backfill", "beat", "--from", "2026-01-01T00:00", "--to", "2026-01-01T01:00"),
     ("prune", "--dry-run"),
     ("prune", "--runs"),
+    ("cancel", "beat"),
 ]
 IDS = [" ".join(argv[:2]) for argv in READERS]
 # Against a database: one of each way in (the status read, the ledger, the leases, the

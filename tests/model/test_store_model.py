@@ -978,11 +978,20 @@ class StoreModel(RuleBasedStateMachine):
             lambda ops, _: ops.job_set_paused(self.ns, job, paused),
         )
 
-    @rule(job=st.sampled_from(JOBS))
-    def stop_runs(self, job: str) -> None:
-        """``run_cancel``: ask the job's running attempts to stop. (Hypothesis favours the
-        first rule by name among those with the fewest arguments; that is ``claim_one``.)"""
-        self.check(f"run_cancel({job!r})", lambda ops, _: ops.run_cancel(self.ns, job))
+    @rule(
+        job=st.sampled_from(JOBS),
+        slot=st.sampled_from((None, *SLOTS)),
+        note=st.sampled_from((None, "cancelled by ops@host")),
+    )
+    def stop_runs(self, job: str, slot: str | None, note: str | None) -> None:
+        """``run_cancel``: ask the job's running attempts (of one slot, when given) to
+        stop, with a note or not. (Hypothesis favours the first rule by name among those
+        with the fewest arguments; that is ``claim_one``.)"""
+        slot_us = None if slot is None else self.slots[slot]
+        self.check(
+            f"run_cancel({job!r}, {slot}, {note!r})",
+            lambda ops, _: ops.run_cancel(self.ns, job, slot_us, note),
+        )
 
     @rule(job=st.sampled_from(JOBS), dry_run=st.booleans())
     def delete_job(self, job: str, dry_run: bool) -> None:

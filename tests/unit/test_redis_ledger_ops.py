@@ -358,13 +358,15 @@ def test_a_backfill_is_one_script_call_on_the_slot_index_with_each_slot_once_in_
 
 
 def test_cancel_and_get_are_one_script_each() -> None:
-    execute = FakeExecute(2, run_reply(), None)
+    execute = FakeExecute(2, 1, run_reply(), None)
 
     assert drive(REDIS.run_cancel(NS, "backup"), execute) == 2
+    assert drive(REDIS.run_cancel(NS, "backup", 1_000, "cancelled by ops\x00"), execute) == 1
     assert drive(REDIS.run_get(NS, "backup", 1_000), execute) == RUNNING
     assert drive(REDIS.run_get(NS, "backup", 1_000), execute) is None
-    assert execute.statements[:2] == [
-        Script("run_cancel", (SLOTS,), ()),
+    assert execute.statements[:3] == [
+        Script("run_cancel", (SLOTS,), ("", "")),
+        Script("run_cancel", (SLOTS,), ("=1000", "=cancelled by ops\ufffd")),
         Script("run_get", (RUN,), ()),
     ]
 

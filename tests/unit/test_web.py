@@ -3,6 +3,7 @@ the token, and nothing changed by a refused one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from starlette.testclient import TestClient
 from fleetcron.errors import StoreUnavailable
 from fleetcron.models import ReplicaInfo, RunOutcome, RunRecord, SlotClaim
 from fleetcron.queue_models import QueueNack, QueuePut
+from fleetcron.schedules import iso_utc
 from fleetcron.status import read_status, status_json
 from fleetcron.stores.base import Operation
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
@@ -160,7 +162,7 @@ def test_an_action_without_the_right_token_is_refused_and_changes_nothing(
     store: MemoryStore, client: TestClient, headers: dict[str, str]
 ) -> None:
     before = _runs(store, "report")
-    for action in ("trigger", "pause", "resume"):
+    for action in ("trigger", "pause", "resume", "cancel"):
         response = client.post(f"/api/jobs/report/{action}", headers=headers)
         assert response.status_code == 401
         assert response.headers["www-authenticate"].startswith("Bearer")
@@ -174,9 +176,10 @@ def test_an_action_without_the_right_token_is_refused_and_changes_nothing(
 def test_without_a_configured_token_actions_are_refused_and_no_form_is_shown(
     store: MemoryStore, readonly: TestClient
 ) -> None:
-    response = readonly.post("/api/jobs/report/trigger", headers=AUTH)
-    assert response.status_code == 403
-    assert TOKEN_ENV in response.json()["error"]
+    for action in ("trigger", "cancel"):
+        response = readonly.post(f"/api/jobs/report/{action}", headers=AUTH)
+        assert response.status_code == 403
+        assert TOKEN_ENV in response.json()["error"]
     form = readonly.post("/jobs/report/trigger", data={"token": TOKEN})
     assert form.status_code == 403
     page = readonly.get("/jobs/report").text
@@ -209,7 +212,7 @@ def test_an_unknown_job_is_404_on_every_route(client: TestClient) -> None:
     }
     for path in ("/api/jobs/nosuch/runs", "/jobs/nosuch", "/jobs/%20bad"):
         assert client.get(path).status_code == 404
-    for action in ("trigger", "pause", "resume"):
+    for action in ("trigger", "pause", "resume", "cancel"):
         response = client.post(f"/api/jobs/nosuch/{action}", headers=AUTH)
         assert response.status_code == 404
         assert "no job named 'nosuch'" in response.json()["error"]
@@ -232,6 +235,93 @@ def test_the_form_acts_only_with_the_typed_token(store: MemoryStore, client: Tes
     assert "Queued a run" in shown
     paused = client.post("/jobs/report/pause", data={"token": TOKEN}, follow_redirects=False)
     assert paused.headers["location"] == "/jobs/report?done=paused"
+
+
+def _running(store: MemoryStore, clock: FakeClock, job: str) -> int:
+    """A running attempt of ``job`` at the next minute's slot, its lease valid for 10
+    minutes; its slot."""
+    clock.advance(60)
+    slot = clock.wall_us() - clock.wall_us() % MIN
+    claim = SlotClaim(job=job, slot_us=slot, run_id=f"{job}-{slot}")
+    [answer] = store.run(store.ops.run_claim(NS, [claim], "host-a:17:secret-token", 10 * MIN))
+    assert answer.run is not None
+    return slot
+
+
+def test_cancel_with_the_token_asks_the_running_attempt_noting_the_client(
+    store: MemoryStore, client: TestClient, clock: FakeClock
+) -> None:
+    idle = client.post("/api/jobs/report/cancel", headers=AUTH)
+    assert idle.status_code == 200
+    assert idle.json() == {"job": "report", "slot": None, "asked": 0, "by": "web:testclient"}
+    assert "Cancel run" not in client.get("/jobs/report").text
+    before = _runs(store, "report")
+
+    slot = _running(store, clock, "report")
+    assert 'formaction="/jobs/report/cancel"' in client.get("/jobs/report").text
+    earlier = iso_utc(slot - MIN)  # that slot's attempt has finished: it is not asked
+    finished = client.post(f"/api/jobs/report/cancel?slot={earlier}", headers=AUTH)
+    assert (finished.status_code, finished.json()["asked"]) == (200, 0)
+    response = client.post(f"/api/jobs/report/cancel?slot={iso_utc(slot)}", headers=AUTH)
+    assert response.status_code == 202
+    assert response.json() == {
+        "job": "report",
+        "slot": iso_utc(slot),
+        "asked": 1,
+        "by": "web:testclient",
+    }
+    row = store.run(store.ops.run_get(NS, "report", slot))
+    assert row is not None
+    assert (row.state, row.cancel_requested, row.error) == (
+        "running",
+        True,
+        "cancelled by web:testclient",
+    )
+    kept = [dataclasses.replace(run, now_us=0) for run in _runs(store, "report")[1:]]
+    assert kept == [dataclasses.replace(run, now_us=0) for run in before], "no other changed"
+    bad = client.post("/api/jobs/report/cancel?slot=yesterday", headers=AUTH)
+    assert (bad.status_code, bad.json()) == (
+        400,
+        {"error": "slot: 'yesterday' is not an ISO 8601 time"},
+    )
+
+
+def test_the_cancel_button_acts_only_with_the_typed_token(
+    store: MemoryStore, client: TestClient, clock: FakeClock
+) -> None:
+    slot = _running(store, clock, "export")
+
+    def asked() -> bool:
+        row = store.run(store.ops.run_get(NS, "export", slot))
+        assert row is not None
+        return row.cancel_requested
+
+    refused = client.post("/jobs/export/cancel", data={"token": "guess"})
+    assert refused.status_code == 403
+    assert "Refused: the token is wrong" in refused.text
+    assert not asked()
+    done = client.post("/jobs/export/cancel", data={"token": TOKEN}, follow_redirects=False)
+    assert done.status_code == 303
+    assert done.headers["location"] == "/jobs/export?done=cancelling"
+    assert asked()
+    assert "Asked the running attempt to stop" in client.get(done.headers["location"]).text
+
+    store.run(store.ops.run_finish(NS, "export", slot, _fence(store, "export", slot), _CANCELLED))
+    again = client.post("/jobs/export/cancel", data={"token": TOKEN}, follow_redirects=False)
+    assert again.headers["location"] == "/jobs/export?done=idle"
+    page = client.get(again.headers["location"]).text
+    assert "nothing was cancelled" in page
+    assert "Cancel run" not in page
+    assert 'class="badge s-cancelled"' in page
+
+
+_CANCELLED = RunOutcome(state="cancelled", exit_code=-15, error="cancelled by web:testclient")
+
+
+def _fence(store: MemoryStore, job: str, slot: int) -> int:
+    row = store.run(store.ops.run_get(NS, job, slot))
+    assert row is not None
+    return row.fence
 
 
 def test_the_pages_show_jobs_worst_first_with_their_state_and_durations(

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from fleetcron._log import LOG_FORMATS, JsonFormatter, TextFormatter
 from fleetcron._version import __version__
-from fleetcron.cli import doctor_cmd, next_cmd, scheduler_cmds, status_cmd, web_cmd
+from fleetcron.cli import cancel_cmd, doctor_cmd, next_cmd, scheduler_cmds, status_cmd, web_cmd
 from fleetcron.cli.exitcodes import (
     EXIT_INTERNAL,
     EXIT_STORE_REFUSED,
@@ -220,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     status_cmd.add_parser(commands, [common])
     doctor_cmd.add_parser(commands, [common])
     scheduler_cmds.add_parsers(commands, [common])
+    cancel_cmd.add_parser(commands, [common])
     web_cmd.add_parser(commands, [common])
     return parser
 
@@ -497,6 +498,8 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         return scheduler_cmds.run_trigger(args)
     if args.command in ("pause", "resume"):
         return scheduler_cmds.run_pause(args, paused=args.command == "pause")
+    if args.command == "cancel":
+        return cancel_cmd.run(args)
     raise ConfigurationError("no command given (try: fleetcron --help)")
 
 

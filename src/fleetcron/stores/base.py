@@ -337,8 +337,11 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         at most 100,000)."""
         ...
 
-    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
-        """Ask the job's running attempts to stop; returns how many were asked."""
+    def run_cancel(
+        self, namespace: str, job: str, slot_us: int | None = None, note: str | None = None
+    ) -> Operation[int]:
+        """Ask the job's unexpired running attempts (``slot_us``'s only, when given) to stop,
+        with ``note`` as their ``error``; how many were asked (asked before included)."""
         ...
 
     def run_settled(

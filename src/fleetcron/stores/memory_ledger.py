@@ -26,6 +26,7 @@ from fleetcron.stores.ledger import (
     decide_finish,
     new_job,
     noted_run,
+    stored_text,
 )
 from fleetcron.stores.memory_state import State, atomic
 
@@ -157,14 +158,23 @@ class MemoryLedger:
         result: int = yield atomic(step)
         return result
 
-    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
+    def run_cancel(
+        self, namespace: str, job: str, slot_us: int | None = None, note: str | None = None
+    ) -> Operation[int]:
         def step(state: State, now: int) -> int:
+            if slot_us is None:
+                rows = [
+                    (key, run) for key, run in state.runs.items() if key[:2] == (namespace, job)
+                ]
+            else:  # one key: on etcd, one read rather than a scan of the namespace's runs
+                key = (namespace, job, slot_us)
+                rows = [(key, run) for run in (state.runs.get(key),) if run is not None]
             asked = 0
-            for key, run in state.runs.items():
-                if key[:2] == (namespace, job) and run.state == "running":
-                    if run.expires_us is not None and run.expires_us > now:
-                        state.runs[key] = replace(run, cancel_requested=True)
-                        asked += 1
+            for key, run in rows:
+                if run.state == "running" and run.expires_us is not None and run.expires_us > now:
+                    error = run.error if note is None else stored_text(note)
+                    state.runs[key] = replace(run, cancel_requested=True, error=error)
+                    asked += 1
             return asked
 
         result: int = yield atomic(step)

@@ -7,19 +7,19 @@ plus the ledger on a job's page); the pages and the JSON come from the same view
 when asked (``?limit=N&offset=N&state=S,...``; by default it holds every job): a page
 reads the ledger of its own jobs only (:class:`~fleetcron.status.Page`).
 
-Actions (trigger, pause, resume) need the token the dashboard was started with:
+Actions (trigger, pause, resume, cancel) need the token the dashboard was started with:
 ``Authorization: Bearer <token>`` on the API, the token typed into the job page's form on
 the page. Nothing is kept in the browser — no cookie, no session — so a page of another site
 has no credential to borrow, and forging a request needs the token itself: the form is
 CSRF-safe without a CSRF token. Without a configured token, every action is refused (403)
-and the pages show no form.
+and the pages show no form. A cancel is recorded as asked by ``web:<client address>``
+(:mod:`fleetcron.cancel_request`).
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
@@ -33,11 +33,12 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from fleetcron._log import log
+from fleetcron.cancel_request import cancel_note, cancel_runs
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.health import JobHealth, JobState
 from fleetcron.models import RunRecord
 from fleetcron.names import validate_job_name
-from fleetcron.schedules import from_datetime, iso_utc
+from fleetcron.schedules import iso_utc, parse_instant
 from fleetcron.status import (
     ORDER,
     FleetStatus,
@@ -183,12 +184,16 @@ def _slot(request: Request) -> int | None:
     if text is None:
         return None
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise HTTPException(400, f"slot: {text!r} is not an ISO 8601 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)  # a naive time is UTC, as slots are
-    return from_datetime(moment)
+        return parse_instant(text, "slot")
+    except ConfigurationError as exc:
+        raise HTTPException(400, exc.message) from None
+
+
+def _requester(request: Request) -> str:
+    """Who asks, as a cancel records it: ``web:`` and the client's address (behind a
+    proxy, the proxy's)."""
+    host = request.client.host if request.client is not None else "unknown"
+    return f"web:[{host}]" if ":" in host else f"web:{host}"
 
 
 async def _form_token(request: Request) -> str | None:
@@ -223,7 +228,8 @@ def create_app(
     ``GET /api/status`` (``?limit=N``, ``?offset=N``, ``?state=S,...``; every job without
     them), ``GET /api/leases``, ``GET /api/jobs/{name}/runs``, ``POST
     /api/jobs/{name}/trigger`` (``?slot=ISO`` optional), ``POST /api/jobs/{name}/pause``,
-    ``.../resume``.
+    ``.../resume``, ``POST /api/jobs/{name}/cancel`` (``?slot=ISO`` optional: that
+    attempt only).
     """
     secret = token.encode() if token else None
     ops = store.ops
@@ -251,9 +257,17 @@ def create_app(
             )
             raise problem
 
-    async def act(action: str, job: str, slot_us: int | None) -> dict[str, object] | None:
-        """Carry out ``action``; ``None`` when the job is unknown."""
-        if action == "trigger":
+    async def act(action: str, job: str, slot_us: int | None, by: str) -> dict[str, object] | None:
+        """Carry out ``action`` (a cancel as asked by ``by``); ``None`` when the job is
+        unknown."""
+        if action == "cancel":
+            note = cancel_note(by)
+            asked = await store.run(cancel_runs(ops, namespace, job, slot_us, note))
+            if asked is None:
+                return None
+            shown = None if slot_us is None else iso_utc(slot_us)
+            result: dict[str, object] = {"job": job, "slot": shown, "asked": asked, "by": by}
+        elif action == "trigger":
             done = await store.run(_trigger(ops, namespace, job, slot_us))
             if done is None:
                 return None
@@ -262,7 +276,7 @@ def create_app(
                 raise ConfigurationError(
                     f"the slot {iso_utc(slot)} has not come yet on the store's clock"
                 )
-            result: dict[str, object] = {
+            result = {
                 "job": job,
                 "slot": iso_utc(slot),
                 "queued": queued,
@@ -320,10 +334,14 @@ def create_app(
                 check(await _form_token(request), action, job or request.path_params["name"])
             except _Refused as refused:
                 return await job_page(request, refused=refused)
-            result = None if job is None else await act(action, job, None)
+            slot = _slot(request) if action == "cancel" else None
+            by = _requester(request)
+            result = None if job is None else await act(action, job, slot, by)
             if job is None or result is None:
                 return _not_found_page(request, None)
-            if action == "trigger":
+            if action == "cancel":
+                notice = "cancelling" if result["asked"] else "idle"
+            elif action == "trigger":
                 notice = "queued" if result["queued"] else "exists"
             else:
                 notice = "paused" if action == "pause" else "resumed"
@@ -363,14 +381,15 @@ def create_app(
                 challenge = {"WWW-Authenticate": 'Bearer realm="fleetcron"'}
                 headers = challenge if refused.status == 401 else {}
                 return _json({"error": refused.message}, refused.status, **headers)
-            slot = _slot(request) if action == "trigger" else None
+            slot = _slot(request) if action in ("trigger", "cancel") else None
             try:
-                result = None if job is None else await act(action, job, slot)
+                result = None if job is None else await act(action, job, slot, _requester(request))
             except ConfigurationError as exc:
                 return _json({"error": exc.message}, 400)
             if result is None:
                 return _unknown_job(request)
-            status = 202 if result.get("queued") else 200
+            # Accepted: a queued run, or attempts asked to stop (they stop within a second).
+            status = 202 if result.get("queued") or result.get("asked") else 200
             return _json(result, status)
 
         return handle
@@ -403,7 +422,7 @@ def create_app(
             return _json({"error": message}, 503)
         return _html(render.error_page(namespace, None, "Store unavailable", message), 503)
 
-    actions = ("trigger", "pause", "resume")
+    actions = ("trigger", "pause", "resume", "cancel")
     routes = [
         Route("/", index, methods=["GET"]),
         Route("/leases", leases, methods=["GET"]),

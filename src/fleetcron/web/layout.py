@@ -69,7 +69,7 @@ font-weight:600;color:#fff;background:var(--idle)}
 .s-ok,.s-succeeded{background:var(--ok)}
 .s-running,.s-queued{background:var(--run)}
 .s-overdue,.s-failing,.s-failed,.s-lost,.s-gone{background:var(--bad)}
-.s-stuck,.s-missed,.s-differs{background:var(--warn)}
+.s-stuck,.s-missed,.s-cancelled,.s-differs{background:var(--warn)}
 .s-up{background:var(--ok)}
 .reasons{margin:.2rem 0 0;padding:0;list-style:none;color:var(--muted);font-size:.85em;
 white-space:normal}
@@ -87,6 +87,7 @@ min-width:16rem;font:inherit}
 button{font:inherit;padding:.35rem .9rem;border-radius:6px;border:1px solid var(--accent);
 background:var(--accent);color:#fff;cursor:pointer}
 button.secondary{background:#fff;color:var(--accent)}
+button.danger{background:#fff;color:var(--bad);border-color:var(--bad)}
 svg.spark{display:block}
 svg.spark .d{fill:none;stroke:var(--run);stroke-width:1.5}
 svg.spark .last{fill:var(--run)}

@@ -38,7 +38,9 @@ __all__ = [
     "sparkline",
 ]
 
-_RUN_STATES = {"succeeded", "failed", "lost", "running", "queued", "skipped", "missed"}
+_RUN_STATES = {
+    "succeeded", "failed", "lost", "cancelled", "running", "queued", "skipped", "missed"
+}  # fmt: skip
 
 
 # -- the pages ---------------------------------------------------------------------------
@@ -274,8 +276,21 @@ def _facts(health: JobHealth, now_us: int) -> Html:
 
 def _actions(health: JobHealth) -> Html:
     """One form, the token typed in it, a button per action: nothing is stored in the
-    browser, so a page of another site cannot make it act (docs/operations.md)."""
+    browser, so a page of another site cannot make it act (docs/operations.md). Cancel is
+    there while an attempt runs: it asks every running attempt of the job to stop."""
     toggle = "resume" if health.paused else "pause"
+    cancel = (
+        el(
+            "button",
+            "Cancel run",
+            type="submit",
+            class_="danger",
+            formaction=job_path(health.job, "cancel"),
+            title="ask the running attempt to stop: it is recorded cancelled by web:<address>",
+        )
+        if health.running is not None
+        else None
+    )
     return el(
         "form",
         el(
@@ -294,6 +309,7 @@ def _actions(health: JobHealth) -> Html:
             class_="secondary",
             formaction=job_path(health.job, toggle),
         ),
+        cancel,
         method="post",
         action=job_path(health.job, "trigger"),
         class_="actions card",
@@ -322,6 +338,9 @@ NOTICES = {
     "exists": "That slot already has a ledger row: nothing was queued.",
     "paused": "Paused on every replica.",
     "resumed": "Resumed on every replica.",
+    "cancelling": "Asked the running attempt to stop: its replica stops it within about a "
+    "second and records it cancelled.",
+    "idle": "No attempt of this job was running: nothing was cancelled.",
 }
 
 

@@ -321,8 +321,11 @@ class _RedisLedger:
         )
         return int(reply)
 
-    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
-        reply = yield Script("run_cancel", (slots_key(namespace, job),), ())
+    def run_cancel(
+        self, namespace: str, job: str, slot_us: int | None = None, note: str | None = None
+    ) -> Operation[int]:
+        args = (_opt(slot_us), _opt(stored_text(note)))
+        reply = yield Script("run_cancel", (slots_key(namespace, job),), args)
         return int(reply)
 
     def run_settled(

@@ -313,14 +313,19 @@ return #fresh
 
 -- name: run_cancel
 -- uses: now, ledger
--- KEYS[1] slot index; no ARGV
--- sets cancel on the job's unexpired running rows; returns how many
+-- KEYS[1] slot index; ARGV: slot_us (optional: every slot when NULL), note (optional)
+-- sets cancel (and, with a note, error) on the job's unexpired running rows, of that slot
+-- only when given; returns how many
+local slot, note = opt(ARGV[1]), opt(ARGV[2])
+local slots = {slot}
+if not slot then slots = redis.call('ZRANGE', KEYS[1], 0, -1) end
 local asked = 0
-for _, slot in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local key = run_key_of(slot)
+for _, each in ipairs(slots) do
+  local key = run_key_of(each)
   local run = redis.call('HMGET', key, 'state', 'expires')
   if run[1] == 'running' and run[2] and tonumber(run[2]) > now then
     redis.call('HSET', key, 'cancel', '1')
+    if note then redis.call('HSET', key, 'error', note) end
     asked = asked + 1
   end
 end

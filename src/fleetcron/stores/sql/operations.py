@@ -41,6 +41,7 @@ __all__ = [
     "SqlLedger",
     "SqlOperations",
     "backfill_params",
+    "cancel_params",
     "claim_answers",
     "claim_params",
     "finish_params",
@@ -210,6 +211,13 @@ def backfill_params(namespace: str, job: str, slots: Sequence[int]) -> dict[str,
     }
 
 
+def cancel_params(
+    namespace: str, job: str, slot_us: int | None, note: str | None
+) -> dict[str, object]:
+    """The bound parameters of ``run_cancel`` (every dialect uses the same names)."""
+    return {"namespace": namespace, "job": job, "slot_us": slot_us, "note": stored_text(note)}
+
+
 def finish_params(namespace: str, finish: RunFinish) -> dict[str, object]:
     """The bound parameters of one ``run_finish`` (every dialect uses the same names)."""
     outcome = finish.outcome
@@ -347,8 +355,10 @@ class SqlLedger:
         result: SqlResult = yield Query("run_backfill", backfill_params(namespace, job, slots))
         return int(result.rows[0][0])
 
-    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
-        result: SqlResult = yield Query("run_cancel", {"namespace": namespace, "job": job})
+    def run_cancel(
+        self, namespace: str, job: str, slot_us: int | None = None, note: str | None = None
+    ) -> Operation[int]:
+        result: SqlResult = yield Query("run_cancel", cancel_params(namespace, job, slot_us, note))
         return int(result.rows[0][0]) if result.rows else max(result.rowcount, 0)
 
     def run_due(

@@ -38,6 +38,7 @@ from fleetcron.stores.sql.operations import (
     SqlLedger,
     SqlOperations,
     backfill_params,
+    cancel_params,
     prune_job_params,
     replica_params,
 )
@@ -236,8 +237,10 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
         result: SqlResult = yield Query("run_backfill", params)
         return result.rowcount  # the rows inserted: a slot that has one is passed over
 
-    def run_cancel(self, namespace: str, job: str) -> Operation[int]:
-        result: SqlResult = yield Query("run_cancel", {"namespace": namespace, "job": job})
+    def run_cancel(
+        self, namespace: str, job: str, slot_us: int | None = None, note: str | None = None
+    ) -> Operation[int]:
+        result: SqlResult = yield Query("run_cancel", cancel_params(namespace, job, slot_us, note))
         return len(result.rows)
 
     def run_prune(self, namespace: str, keep: int, older_than_us: int) -> Operation[int]:

@@ -371,8 +371,12 @@ COMMIT;
 SELECT @fc_queued;
 
 -- name: run_cancel
-UPDATE fleetcron_run SET cancel_requested = TRUE
+-- The job's running attempts whose lease has not expired (of slot_us only, unless NULL);
+-- note, unless NULL, becomes their error. CLIENT_FOUND_ROWS: the count is the rows
+-- matched, so an attempt asked before counts again.
+UPDATE fleetcron_run SET cancel_requested = TRUE, error = COALESCE(%(note)s, error)
  WHERE namespace = %(namespace)s AND job = %(job)s AND state = 'running'
+   AND (%(slot_us)s IS NULL OR slot_us = %(slot_us)s)
    AND expires_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
 
 -- name: run_settled

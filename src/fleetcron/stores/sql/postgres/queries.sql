@@ -188,10 +188,14 @@ ins AS (
 SELECT count(*) FROM ins;
 
 -- name: run_cancel
+-- The job's running attempts whose lease has not expired (of slot_us only, unless NULL);
+-- note, unless NULL, becomes their error. The count is the rows asked.
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)
-UPDATE fleetcron_run AS r SET cancel_requested = true
+UPDATE fleetcron_run AS r
+   SET cancel_requested = true, error = coalesce(%(note)s::text, r.error)
   FROM now
  WHERE r.namespace = %(namespace)s AND r.job = %(job)s
+   AND (%(slot_us)s::bigint IS NULL OR r.slot_us = %(slot_us)s::bigint)
    AND r.state = 'running' AND r.expires_us > now.us;
 
 -- name: run_settled

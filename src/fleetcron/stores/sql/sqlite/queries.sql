@@ -149,9 +149,12 @@ SELECT :namespace, :job, value, 'queued', 0, 0, '', '', 'backfill', NULL, :now, 
 ON CONFLICT (namespace, job, slot_us) DO NOTHING;
 
 -- name: run_cancel
+-- The job's running attempts whose lease has not expired (of :slot_us only, unless NULL);
+-- :note, unless NULL, becomes their error. One row returned per attempt asked.
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
-UPDATE fleetcron_run SET cancel_requested = 1
+UPDATE fleetcron_run SET cancel_requested = 1, error = coalesce(:note, error)
  WHERE namespace = :namespace AND job = :job AND state = 'running'
+   AND (:slot_us IS NULL OR slot_us = :slot_us)
    AND expires_us > (SELECT t FROM now)
 RETURNING 1;
 
