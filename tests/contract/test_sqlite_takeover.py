@@ -6,6 +6,7 @@ the holder lives, never from a row that does not record its holder (docs/design/
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -98,13 +99,14 @@ def killed(proc: subprocess.Popen[str]) -> None:
 
 
 def test_a_lease_whose_holder_was_killed_is_taken_at_once_and_the_old_holder_is_refused(
-    fleet: Fleet, holders: Holders, namespace: str
+    fleet: Fleet, holders: Holders, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     proc, old = holders.take("report")
     assert fleet.try_lock("report", lock_at_most="10m") is None
 
     killed(proc)
-    lease = fleet.try_lock("report", lock_at_most="10m")
+    with caplog.at_level(logging.WARNING, logger="fleetcron"):
+        lease = fleet.try_lock("report", lock_at_most="10m")
 
     assert lease is not None, "a lease whose holder is gone waited for its 10 minutes"
     assert isinstance(old["fence"], int)
@@ -125,6 +127,10 @@ def test_a_lease_whose_holder_was_killed_is_taken_at_once_and_the_old_holder_is_
     row = fleet.get("report")
     assert row is not None
     assert row.holder == lease.holder
+    said = [r for r in caplog.records if getattr(r, "action", None) == "lease_holder_gone"]
+    assert len(said) == 1
+    assert f"pid {proc.pid}, fence {old['fence']}" in said[0].getMessage()
+    assert old["holder"].rpartition(":")[2] not in said[0].getMessage()  # its secret token
     assert row.fence == lease.fence
     lease.release()
 

@@ -113,7 +113,7 @@ class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
             "lock %s: its holder %s (pid %d, fence %d) is gone from this host; released "
             "on its behalf",
             name,
-            holder.rpartition(":")[0],  # the token is the holder's secret
+            ":".join(holder.split(":", 2)[:2]),  # host:pid; what follows is the holder's secret
             process.pid,
             fence,
             extra={
