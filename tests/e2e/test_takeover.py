@@ -1,4 +1,8 @@
-"""A holder killed with SIGKILL: others skip until its lease expires, then take over."""
+"""A holder killed with SIGKILL: others skip until its lease expires, then take over.
+
+On the server stores only: on SQLite the store's one host tells a holder gone at once
+(tests/e2e/test_exec_takeover_sqlite.py).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ import signal
 import socket
 from pathlib import Path
 
-from e2e.helpers import CROSS_PROCESS_BACKENDS, Cli, read_when_written, wait_for
+import pytest
+
+from e2e.helpers import Cli, read_when_written, wait_for
+from services import STORES
 
 REPORT_AND_SLEEP = 'echo "$$ $FLEETCRON_FENCE" > "$1"; exec sleep 30'
 REPORT_FENCE = 'echo "$FLEETCRON_FENCE" > "$1"'
@@ -16,7 +23,9 @@ REPORT_FENCE = 'echo "$FLEETCRON_FENCE" > "$1"'
 LEASE = "5s"
 
 
-@CROSS_PROCESS_BACKENDS
+@pytest.mark.parametrize(
+    "backend_url", [store for store in STORES if store != "sqlite"], indirect=True
+)
 def test_after_sigkill_others_skip_until_expiry_then_run_with_a_higher_fence(
     cli: Cli, tmp_path: Path
 ) -> None:

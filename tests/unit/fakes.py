@@ -6,10 +6,33 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
+from fleetcron.local_holder import LocalHolder
 from fleetcron.stores.base import Operation, Statement
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 
 T = TypeVar("T")
+
+HERE = LocalHolder(scope="boot-1 pid:[1] time:[2]", pid=100, start=5_000, group=100)
+HOLDER_COLUMNS = ("holder", "fence", "holder_pid", "holder_start", "holder_group")
+"""The columns of SQLite's ``lease_holder`` answer."""
+
+
+class GoneHolders:
+    """A host (:class:`~fleetcron.local_holder.Locality`) on which this process is
+    ``me`` and every other holder is gone — or none, with ``gone=False``. ``asked``: the
+    holders it was asked about."""
+
+    def __init__(self, *, gone: bool = True, me: LocalHolder | None = HERE) -> None:
+        self.me = me
+        self.is_gone = gone
+        self.asked: list[LocalHolder] = []
+
+    def holder(self) -> LocalHolder | None:
+        return self.me
+
+    def gone(self, holder: LocalHolder) -> bool:
+        self.asked.append(holder)
+        return self.is_gone
 
 
 class FakeExecute:

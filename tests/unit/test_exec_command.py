@@ -1,22 +1,28 @@
 """``fleetcron exec``'s command under the executor's stop sequence, in process on the
-memory store: a renewal the store refuses stops the command at once (exit 76), and a
+memory store: a renewal the store refuses stops the command at once (exit 76), a
 signal sent to exec reaches the command's process group whichever of exec's threads the
-kernel hands it to. The command-line side (exit statuses, deadlines, the reaper) is
-tests/e2e/test_exec_*.py and test_reaper.py.
+kernel hands it to, and the command's process group is named to the store (SQLite's
+same-host takeover waits for it) before and after it starts. The command-line side (exit
+statuses, deadlines, the reaper) is tests/e2e/test_exec_*.py and test_reaper.py.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from fleetcron.cli.exec_command import run_command
 from fleetcron.cli.exec_options import ExecOptions, exec_options
 from fleetcron.cli.exitcodes import EXIT_LEASE_LOST
 from fleetcron.cli.main import build_parser
+from fleetcron.errors import StoreUnavailable
+from fleetcron.local_holder import PENDING_GROUP
 from fleetcron.sync import Fleet
 from fleetcron.testing import MemoryStore
 
@@ -87,3 +93,64 @@ def test_a_signal_to_exec_reaches_the_command_from_any_thread(tmp_path: Path) ->
 
     assert status == 42
     assert signal.getsignal(signal.SIGTERM) is before  # the handler found is back
+
+
+class _GroupNames:
+    """Stands in for SQLite's ``lease_group``: notes each group named, and whether the
+    command had run by then; raises ``fail`` for the ``fail_at``-th call."""
+
+    def __init__(self, ran: Path, fail_at: int | None = None) -> None:
+        self.ran = ran
+        self.fail_at = fail_at
+        self.named: list[tuple[int, bool]] = []
+
+    def __call__(self, group: int) -> bool:
+        self.named.append((group, self.ran.exists()))
+        if self.fail_at == len(self.named):
+            raise StoreUnavailable("the store is busy")
+        return True
+
+
+def _run_naming(tmp_path: Path, names: _GroupNames) -> int:
+    script = f'echo "$$" > {names.ran}'
+    options = _options(command=("sh", "-c", script))
+    with Fleet(MemoryStore(), namespace=NS) as fleet:
+        lease = fleet.try_lock("job")
+        assert lease is not None
+        try:
+            return run_command(lease, options, None, run_id=str(uuid.uuid4()), name_group=names)
+        finally:
+            lease.release()
+
+
+def test_the_commands_group_is_named_pending_before_it_starts_then_by_its_leader(
+    tmp_path: Path,
+) -> None:
+    names = _GroupNames(tmp_path / "ran")
+
+    assert _run_naming(tmp_path, names) == 0
+
+    leader = int(names.ran.read_text())  # the command leads a session of its own
+    assert names.named[0] == (PENDING_GROUP, False)
+    assert [group for group, _ in names.named] == [PENDING_GROUP, leader]
+
+
+def test_a_store_error_naming_the_pending_group_starts_no_command(tmp_path: Path) -> None:
+    names = _GroupNames(tmp_path / "ran", fail_at=1)
+
+    with pytest.raises(StoreUnavailable):
+        _run_naming(tmp_path, names)
+
+    assert not names.ran.exists()
+
+
+def test_a_store_error_naming_the_started_group_is_logged_and_the_command_runs_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = _GroupNames(tmp_path / "ran", fail_at=2)
+
+    with caplog.at_level(logging.WARNING, logger="fleetcron"):
+        assert _run_naming(tmp_path, names) == 0
+
+    assert names.ran.exists()
+    assert [getattr(r, "action", None) for r in caplog.records] == ["lease_group_failed"]

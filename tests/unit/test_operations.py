@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from fleetcron.local_holder import LocalHolder
 from fleetcron.models import LeaseRecord, SlotClaim
 from fleetcron.stores.base import Statement, drive, drive_async
 from fleetcron.stores.redis.keys import lease_key, namespace_pattern
@@ -24,8 +25,9 @@ from fleetcron.stores.redis.statements import KeyScan, Script, fan_out
 from fleetcron.stores.rows import LEASES, RUNS
 from fleetcron.stores.sql.files import load_migrations, load_queries, split_statements
 from fleetcron.stores.sql.operations import SqlLedger, SqlOperations
+from fleetcron.stores.sql.sqlite_operations import SqliteOperations
 from fleetcron.stores.sql.statements import Query, QueryBatch, SqlResult
-from unit.fakes import FakeExecute
+from unit.fakes import HERE, HOLDER_COLUMNS, FakeExecute, GoneHolders
 
 DIALECTS = ("sqlite", "postgres", "mysql")
 # A canned result names its columns as the statement's text does.
@@ -235,15 +237,23 @@ def test_sql_backfill_is_one_query_of_the_slots_as_a_json_array_each_once_in_ord
     ]
 
 
-def _sql_statements_of_every_operation() -> list[Query]:
+def _sql_statements_of_every_operation(dialect: str = "postgres") -> list[Query]:
     execute = FakeExecute(*[rows()] * 8)
-    drive(SQL.lease_acquire("ns", "n", "h", 1, 0), execute)
-    drive(SQL.lease_extend("ns", "n", "h", 1, 1), execute)
-    drive(SQL.lease_release("ns", "n", "h", 1), execute)
-    drive(SQL.lease_get("ns", "n"), execute)
-    drive(SQL.lease_list("ns"), execute)
-    drive(SQL.lease_prune("ns", 1, True), execute)
-    drive(SQL.lease_prune("ns", 1, False), execute)
+    ops = SQL
+    if dialect == "sqlite":
+        # SQLite's acquire of a lease whose holder is gone from the host: every statement
+        # of the takeover is sent (the holder's row, its release, the acquire again).
+        ops = SqliteOperations(GoneHolders())
+        found = rows(("h", 1, 2, 3, 4), columns=HOLDER_COLUMNS)
+        execute = FakeExecute(rows(), rows(), found, rows((1,)), *[rows()] * 8)
+        drive(ops.lease_group("ns", "n", "h", 1, 0), execute)
+    drive(ops.lease_acquire("ns", "n", "h", 1, 0), execute)
+    drive(ops.lease_extend("ns", "n", "h", 1, 1), execute)
+    drive(ops.lease_release("ns", "n", "h", 1), execute)
+    drive(ops.lease_get("ns", "n"), execute)
+    drive(ops.lease_list("ns"), execute)
+    drive(ops.lease_prune("ns", 1, True), execute)
+    drive(ops.lease_prune("ns", 1, False), execute)
     queries = [statement for statement in execute.statements if isinstance(statement, Query)]
     assert len(queries) == len(execute.statements)
     return queries
@@ -276,7 +286,7 @@ PLACEHOLDER = {
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_every_dialect_defines_every_query_the_operations_and_its_store_use(dialect: str) -> None:
     queries = load_queries(dialect)
-    used = {statement.name for statement in _sql_statements_of_every_operation()}
+    used = {statement.name for statement in _sql_statements_of_every_operation(dialect)}
 
     assert used | STORE_QUERIES[dialect] <= set(queries), sorted(used - set(queries))
     assert all(text and not text.endswith(";") for text in queries.values())
@@ -285,7 +295,7 @@ def test_every_dialect_defines_every_query_the_operations_and_its_store_use(dial
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_every_placeholder_of_a_dialect_query_is_bound_by_its_operation(dialect: str) -> None:
     queries = load_queries(dialect)
-    for statement in _sql_statements_of_every_operation():
+    for statement in _sql_statements_of_every_operation(dialect):
         placeholders = set(re.findall(PLACEHOLDER[dialect], queries[statement.name]))
         assert placeholders == set(statement.params), (dialect, statement.name)
 
@@ -303,6 +313,110 @@ def test_split_statements_drops_comments_and_splits_at_line_ending_semicolons() 
     text = "-- a comment\nCREATE TABLE a (x int);\n\nCREATE TABLE b (\n  y text\n);\n"
 
     assert split_statements(text) == ("CREATE TABLE a (x int)", "CREATE TABLE b (\n  y text\n)")
+
+
+# -- SQLite: the holder's process and its takeover -----------------------------------------
+ACQUIRED_ROW = rows((7, 1_000), columns=("fence", "now_us"))
+THE_GONE = rows(("host:9:secret", 6, 4_321, 77, 4_400), columns=HOLDER_COLUMNS)
+
+
+def _acquire_params(me: LocalHolder | None) -> dict[str, object]:
+    return {
+        "namespace": "ns",
+        "name": "job",
+        "holder": "host:1:abc",
+        "ttl_us": 1_000,
+        "least_us": 500,
+        "scope": None if me is None else me.scope,
+        "pid": None if me is None else me.pid,
+        "start": None if me is None else me.start,
+        "group": None if me is None else me.group,
+    }
+
+
+def test_sqlite_acquire_records_this_process_as_the_holder() -> None:
+    ops = SqliteOperations(GoneHolders())
+    execute = FakeExecute(ACQUIRED_ROW)
+
+    record = drive(ops.lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute)
+
+    assert record == replace(RECORD, now_us=1_000)
+    assert execute.statements == [Query("lease_acquire", _acquire_params(HERE))]
+
+
+def test_sqlite_acquire_of_a_held_lease_whose_holder_is_gone_releases_it_and_takes_it() -> None:
+    host = GoneHolders(gone=True)
+    execute = FakeExecute(rows(), THE_GONE, rows((1,)), ACQUIRED_ROW)
+
+    record = drive(
+        SqliteOperations(host).lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute
+    )
+
+    assert record == replace(RECORD, now_us=1_000)
+    assert host.asked == [LocalHolder(scope=HERE.scope, pid=4_321, start=77, group=4_400)]
+    assert execute.statements == [
+        Query("lease_acquire", _acquire_params(HERE)),
+        Query("lease_holder", {"namespace": "ns", "name": "job", "scope": HERE.scope}),
+        # Released as its holder would (lock_at_least kept), in the same transaction.
+        Query(
+            "lease_release",
+            {"namespace": "ns", "name": "job", "holder": "host:9:secret", "fence": 6},
+        ),
+        Query("lease_acquire", _acquire_params(HERE)),
+    ]
+
+
+def test_sqlite_acquire_leaves_a_lease_whose_holder_lives_or_is_not_of_this_host() -> None:
+    alive = GoneHolders(gone=False)
+    execute = FakeExecute(rows(), THE_GONE)
+    assert drive(SqliteOperations(alive).lease_acquire("ns", "job", "h", 1, 0), execute) is None
+    assert execute.names == ["lease_acquire", "lease_holder"]
+    assert len(alive.asked) == 1
+
+    elsewhere = GoneHolders(gone=True)
+    execute = FakeExecute(rows(), rows(columns=HOLDER_COLUMNS))  # no row of this host's
+    assert drive(SqliteOperations(elsewhere).lease_acquire("ns", "job", "h", 1, 0), execute) is None
+    assert execute.names == ["lease_acquire", "lease_holder"]
+    assert elsewhere.asked == []
+
+    # Released for it, but its lock_at_least still holds the lease: not taken.
+    execute = FakeExecute(rows(), THE_GONE, rows((1,)), rows())
+    assert (
+        drive(SqliteOperations(GoneHolders()).lease_acquire("ns", "job", "h", 1, 0), execute)
+        is None
+    )
+    assert execute.names == ["lease_acquire", "lease_holder", "lease_release", "lease_acquire"]
+
+
+def test_sqlite_acquire_on_a_host_that_cannot_say_records_nothing_and_takes_nothing_over() -> None:
+    nobody = GoneHolders(gone=True, me=None)
+    execute = FakeExecute(rows())
+
+    assert (
+        drive(
+            SqliteOperations(nobody).lease_acquire("ns", "job", "host:1:abc", 1_000, 500), execute
+        )
+        is None
+    )
+    assert execute.statements == [Query("lease_acquire", _acquire_params(None))]
+    assert nobody.asked == []
+
+
+@pytest.mark.parametrize(("result", "named"), [(rows((1,)), True), (rows(), False)])
+def test_sqlite_lease_group_names_the_group_for_the_exact_holder_and_fence(
+    result: SqlResult, named: bool
+) -> None:
+    execute = FakeExecute(result)
+
+    assert (
+        drive(SqliteOperations(GoneHolders()).lease_group("ns", "job", "h", 7, 0), execute) is named
+    )
+    assert execute.statements == [
+        Query(
+            "lease_group",
+            {"namespace": "ns", "name": "job", "holder": "h", "fence": 7, "group": 0},
+        )
+    ]
 
 
 # -- Redis operations ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ made of:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from fleetcron._log import log
 from fleetcron.cli.exec_command import run_command, run_outcome
@@ -70,7 +71,13 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
     try:
         held = _released(lease)
         with held:
-            status = run_command(lease, options, backend_url, run_id=pings.run_id)
+            status = run_command(
+                lease,
+                options,
+                backend_url,
+                run_id=pings.run_id,
+                name_group=_group_namer(fleet, lease),
+            )
         if status != EXIT_LEASE_LOST and held.released is False:
             # The command ended, but the store no longer knew the lease as ours: it expired
             # while this process could not renew it (paused, starved), so another holder
@@ -86,6 +93,19 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
         return status
     finally:
         pings.finish(run_outcome(status, cancel_requested=False))
+
+
+def _group_namer(fleet: Fleet, lease: Lease) -> Callable[[int], object] | None:
+    """How to tell the store the command's process group, on a store that takes a lease
+    over from a holder gone from its host (SQLite: ``lease_group``); else ``None``."""
+    name_group = getattr(fleet.store, "lease_group", None)
+    if name_group is None:
+        return None
+
+    def named(group: int) -> object:
+        return name_group(lease.namespace, lease.name, lease.holder, lease.fence, group)
+
+    return named
 
 
 class _released:

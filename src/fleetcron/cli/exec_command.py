@@ -46,8 +46,10 @@ from fleetcron.cli.exitcodes import (
 )
 from fleetcron.clock import SystemClock
 from fleetcron.environment import child_environment
+from fleetcron.errors import FleetcronError
 from fleetcron.executor import Cancellation, StopPolicy, expect, supervise
 from fleetcron.lease import Lease
+from fleetcron.local_holder import PENDING_GROUP
 from fleetcron.models import RunOutcome
 from fleetcron.reaper import Reaper
 
@@ -71,11 +73,15 @@ def run_command(
     *,
     run_id: str,
     extra_env: Mapping[str, str] | None = None,
+    name_group: Callable[[int], object] | None = None,
 ) -> int:
     """Run ``options.command`` while ``lease`` is held and return exec's exit status for
     it (the lease is the caller's to release). ``extra_env``: more of the command's
-    environment (``--schedule``'s slot and attempt). Call it from the main thread: the
-    signals sent to exec are forwarded from there."""
+    environment (``--schedule``'s slot and attempt). ``name_group``: how to tell the store
+    the command's process group (SQLite's same-host takeover waits for it): called with
+    :data:`~fleetcron.local_holder.PENDING_GROUP` before the command starts — a store
+    error there is raised, the command not started — and with its group right after.
+    Call it from the main thread: the signals sent to exec are forwarded from there."""
     env = child_environment(
         os.environ,
         backend_url,
@@ -91,7 +97,8 @@ def run_command(
         # The reaper's stop points are CLOCK_MONOTONIC instants: only with the system clock.
         reaper = Reaper() if Reaper.supported() and isinstance(lease.clock, SystemClock) else None
         try:
-            return runner.run(_supervised(lease, options, env, run_id, reaper, forwarding))
+            supervised = _supervised(lease, options, env, run_id, reaper, forwarding, name_group)
+            return runner.run(supervised)
         finally:
             if reaper is not None:
                 reaper.close()  # it exits at once: nothing is left to watch
@@ -104,8 +111,11 @@ async def _supervised(
     run_id: str,
     reaper: Reaper | None,
     forwarding: _Forwarding,
+    name_group: Callable[[int], object] | None,
 ) -> int:
     loop = asyncio.get_running_loop()
+    if name_group is not None:
+        name_group(PENDING_GROUP)
     cancellation = Cancellation(lease.clock)
     moved = asyncio.Event()
     stop = StopPolicy(
@@ -140,6 +150,8 @@ async def _supervised(
             return EXIT_CANNOT_EXECUTE
         if watch is not None:
             watch.attach(process.pid)  # unless it has ended already (nothing to stop then)
+        if name_group is not None:
+            _name_group(name_group, process.pid, options.name)
         log.info(
             "running %s under %s (fence %d, run %s)",
             options.command[0],
@@ -172,6 +184,22 @@ async def _supervised(
             watch.done()
     assert process.returncode is not None  # supervise returns once it has ended
     return _exit_status(lease, options, cancellation.reason, process.returncode)
+
+
+def _name_group(name_group: Callable[[int], object], pgid: int, name: str) -> None:
+    """Tell the store the command's process group. Should that fail, the lease still says
+    a group is being started: if this process dies it is not taken over before it
+    expires, as on every other store."""
+    try:
+        name_group(pgid)
+    except FleetcronError as error:
+        log.warning(
+            "could not record the process group of %s's command: %s (should this process "
+            "die, the lease is taken over only when it expires)",
+            name,
+            error,
+            extra={"action": "lease_group_failed", "lock": name},
+        )
 
 
 def _hand_over(loop: asyncio.AbstractEventLoop, cancellation: Cancellation) -> None:

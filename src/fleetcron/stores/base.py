@@ -253,7 +253,9 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
     def lease_acquire(
         self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
     ) -> Operation[LeaseRecord | None]:
-        """Take the lease if free at the store's clock; ``None`` when held."""
+        """Take the lease if free at the store's clock; ``None`` when held. On SQLite a
+        lease whose holder has died on the store's one host is released on its behalf
+        first, in the same transaction (:mod:`fleetcron.local_holder`)."""
         ...
 
     def lease_extend(

@@ -309,6 +309,16 @@ class SqliteStore(SqlSyncStore):
             self._check_file()
             return result
 
+    def lease_group(self, namespace: str, name: str, holder: str, fence: int, group: int) -> bool:
+        """Name the process group the work of a lease held here runs in — ``fleetcron
+        exec``'s command, :data:`~fleetcron.local_holder.PENDING_GROUP` while it is being
+        started — so that its holder counts as gone only once that group is too
+        (:meth:`SqliteOperations.lease_group`). Only this store has it: elsewhere a lease
+        is never taken over before it expires."""
+        ops = self.ops
+        assert isinstance(ops, SqliteOperations)
+        return self.run(ops.lease_group(namespace, name, holder, fence, group))
+
     def _check_file(self) -> None:
         """Go no further once the path no longer names the file this store opened; its
         connection is closed (no checkpoint: SQLite sees the file has moved)."""

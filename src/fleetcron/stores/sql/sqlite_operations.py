@@ -1,7 +1,12 @@
 """SQLite's operations: the shared SQL lease statements, work queue and checkpoints, and
 the run ledger applied in Python (stores/ledger.py) to rows read and written inside one
 ``BEGIN IMMEDIATE`` transaction — SQLite is in-process, so several statements cost no
-round trips."""
+round trips.
+
+A lease taken here records its holder's process (:mod:`fleetcron.local_holder`), and an
+acquire that finds the lease held by a holder gone from this host releases it on its
+behalf and takes it, in the same transaction (:meth:`SqliteOperations.lease_acquire`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from fleetcron._log import log
+from fleetcron.local_holder import LocalHolder, Locality, host_locality
 from fleetcron.models import (
     REPLICA_RETAIN_US,
     ClaimResult,
@@ -32,7 +39,7 @@ from fleetcron.stores.ledger import (
     new_job,
     noted_run,
 )
-from fleetcron.stores.rows import JOBS, LEASES, REPLICAS, RUNS, RowDecoder, position
+from fleetcron.stores.rows import ACQUIRED, JOBS, LEASES, REPLICAS, RUNS, RowDecoder, position
 from fleetcron.stores.sql.checkpoints import SqlCheckpoints
 from fleetcron.stores.sql.operations import (
     SqlLedger,
@@ -49,7 +56,95 @@ __all__ = ["SqliteOperations"]
 
 
 class SqliteOperations(SqlOperations, SqlLedger, SqlQueue, SqlCheckpoints):
-    """Every operation of the SQLite store. The store runs each one in one transaction."""
+    """Every operation of the SQLite store. The store runs each one in one transaction.
+
+    ``locality``: what this host knows of its processes (default :func:`host_locality`:
+    Linux's ``/proc``; elsewhere nothing is recorded and nothing taken over)."""
+
+    def __init__(self, locality: Locality | None = None) -> None:
+        super().__init__()
+        self.locality = locality if locality is not None else host_locality()
+
+    # -- leases: the holder's process, and its takeover -----------------------------------
+    def lease_acquire(
+        self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
+    ) -> Operation[LeaseRecord | None]:
+        """Take the lease if it is free, or if its holder is gone from this host (see
+        :mod:`fleetcron.local_holder`): then it is released on that holder's behalf —
+        free at once, or at its ``min_until`` — and taken with the next fence, in this one
+        transaction, so two contenders never both take it."""
+        me = self.locality.holder()
+        params = {
+            "namespace": namespace,
+            "name": name,
+            "holder": holder,
+            "ttl_us": ttl_us,
+            "least_us": least_us,
+            "scope": None if me is None else me.scope,
+            "pid": None if me is None else me.pid,
+            "start": None if me is None else me.start,
+            "group": None if me is None else me.group,
+        }
+        result: SqlResult = yield Query("lease_acquire", params)
+        if not result.rows and me is not None:
+            released = yield from self._release_if_gone(namespace, name, me.scope)
+            if released:
+                result = yield Query("lease_acquire", params)
+        return ACQUIRED.first(result, namespace, name, holder, ttl_us, least_us)
+
+    def _release_if_gone(self, namespace: str, name: str, scope: str) -> Operation[bool]:
+        """Release the held lease ``name`` for its holder if that holder is gone from this
+        host; whether it was."""
+        found: SqlResult = yield Query(
+            "lease_holder", {"namespace": namespace, "name": name, "scope": scope}
+        )
+        row = _HOLDERS.first(found, scope)
+        if row is None:
+            return False
+        holder, fence, process = row
+        if not self.locality.gone(process):
+            return False
+        released: SqlResult = yield Query(
+            "lease_release",
+            {"namespace": namespace, "name": name, "holder": holder, "fence": fence},
+        )
+        if not released.rows:
+            return False
+        log.warning(
+            "lock %s: its holder %s (pid %d, fence %d) is gone from this host; released "
+            "on its behalf",
+            name,
+            ":".join(holder.split(":", 2)[:2]),  # host:pid; what follows is the holder's secret
+            process.pid,
+            fence,
+            extra={
+                "action": "lease_holder_gone",
+                "lock": name,
+                "namespace": namespace,
+                "fence": fence,
+                "holder_pid": process.pid,
+            },
+        )
+        return True
+
+    def lease_group(
+        self, namespace: str, name: str, holder: str, fence: int, group: int
+    ) -> Operation[bool]:
+        """Name the process group the work of the lease held by ``(holder, fence)`` runs
+        in (:data:`~fleetcron.local_holder.PENDING_GROUP`: one being started): its holder
+        is gone only once that group is too. ``False`` when the row is no longer that
+        holder's, or does not record its process."""
+        result: SqlResult = yield Query(
+            "lease_group",
+            {
+                "namespace": namespace,
+                "name": name,
+                "holder": holder,
+                "fence": fence,
+                "group": group,
+            },
+        )
+        return bool(result.rows)
 
     # -- reading and writing rows (inside the operation's transaction) ---------------
     def _now(self) -> Operation[int]:
@@ -344,3 +439,26 @@ def _picks(values: Iterable[Sequence[Any]]) -> list[tuple[int, bool, int]]:
 _PICKS = RowDecoder("picked item", ("id", "dying", "now_us"), _picks)
 """An item a claim picked: its id, whether its expired claim used up its deliveries (it
 dies instead), and the store's clock."""
+
+
+def _holders(scope: str, values: Iterable[Sequence[Any]]) -> list[tuple[str, int, LocalHolder]]:
+    return [
+        (
+            str(holder),
+            int(fence),
+            LocalHolder(
+                scope=scope,
+                pid=int(pid),
+                start=int(start),
+                group=None if group is None else int(group),
+            ),
+        )
+        for holder, fence, pid, start, group in values
+    ]
+
+
+_HOLDERS = RowDecoder(
+    "lease holder", ("holder", "fence", "holder_pid", "holder_start", "holder_group"), _holders
+)
+"""A held lease's holder and fence, and its process on this host (the scope the query
+asked for)."""

@@ -7,18 +7,45 @@
 SELECT coalesce(max(version), 0) FROM fleetcron_schema;
 
 -- name: lease_acquire
+-- The holder's process (:scope, :pid, :start, :group; NULL when this host cannot say) is
+-- written with the fence it describes (holder_fence): see lease_holder.
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
 INSERT INTO fleetcron_lease AS l
-    (namespace, name, holder, fence, acquired_us, expires_us, min_until_us)
-SELECT :namespace, :name, :holder, t, t, t + :ttl_us, t + :least_us FROM now WHERE true
+    (namespace, name, holder, fence, acquired_us, expires_us, min_until_us,
+     holder_fence, holder_scope, holder_pid, holder_start, holder_group)
+SELECT :namespace, :name, :holder, t, t, t + :ttl_us, t + :least_us,
+       t, :scope, :pid, :start, :group FROM now WHERE true
 ON CONFLICT (namespace, name) DO UPDATE
    SET holder = excluded.holder,
        fence = max(l.fence + 1, excluded.fence),
        acquired_us = excluded.acquired_us,
        expires_us = excluded.expires_us,
-       min_until_us = excluded.min_until_us
+       min_until_us = excluded.min_until_us,
+       holder_fence = max(l.fence + 1, excluded.fence),
+       holder_scope = excluded.holder_scope,
+       holder_pid = excluded.holder_pid,
+       holder_start = excluded.holder_start,
+       holder_group = excluded.holder_group
  WHERE l.expires_us <= excluded.acquired_us
 RETURNING fence, acquired_us AS now_us;
+
+-- name: lease_holder
+-- The process holding a lease that is held, when it was recorded on this host (:scope)
+-- with the row's fence: a row written since by code that does not record it (an older
+-- replica, a claim of the run ledger) has another fence.
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+SELECT holder, fence, holder_pid, holder_start, holder_group
+  FROM fleetcron_lease
+ WHERE namespace = :namespace AND name = :name AND holder_fence = fence
+   AND holder_scope = :scope AND expires_us > (SELECT t FROM now);
+
+-- name: lease_group
+-- Name the process group of a lease's holder (0: one it is starting), for (holder, fence).
+UPDATE fleetcron_lease
+   SET holder_group = :group
+ WHERE namespace = :namespace AND name = :name AND holder = :holder AND fence = :fence
+   AND holder_fence = fence
+RETURNING 1;
 
 -- name: lease_extend
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
@@ -115,12 +142,14 @@ ON CONFLICT (namespace, job, slot_us) DO UPDATE
        error = excluded.error, output = excluded.output;
 
 -- name: lease_put
+-- A job's lease as the run ledger holds it: its holder's process is not recorded.
 INSERT INTO fleetcron_lease
     (namespace, name, holder, fence, acquired_us, expires_us, min_until_us)
 VALUES (:namespace, :name, :holder, :fence, :acquired_us, :expires_us, :min_until_us)
 ON CONFLICT (namespace, name) DO UPDATE
    SET holder = excluded.holder, fence = excluded.fence, acquired_us = excluded.acquired_us,
-       expires_us = excluded.expires_us, min_until_us = excluded.min_until_us;
+       expires_us = excluded.expires_us, min_until_us = excluded.min_until_us,
+       holder_fence = NULL;
 
 -- name: job_put
 INSERT INTO fleetcron_job

@@ -13,6 +13,15 @@ CREATE TABLE IF NOT EXISTS fleetcron_lease (
     acquired_us  INTEGER NOT NULL,
     expires_us   INTEGER NOT NULL,
     min_until_us INTEGER NOT NULL,
+    -- The holder's process on this host (fleetcron/local_holder.py), read only while
+    -- holder_fence is the row's fence: its boot and namespaces, pid, start time (clock
+    -- ticks after boot) and the process group that must be gone with it (0: one being
+    -- started). A holder gone from this host is taken over at once.
+    holder_fence INTEGER,
+    holder_scope TEXT,
+    holder_pid   INTEGER,
+    holder_start INTEGER,
+    holder_group INTEGER,
     PRIMARY KEY (namespace, name)
 ) WITHOUT ROWID;
 
