@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -93,9 +94,18 @@ PROGRESS_TRIGGERS = frozenset({"schedule", "exec"})  # claims that move a job's 
 PAUSABLE_TRIGGERS = frozenset({"schedule"})  # claims a paused job refuses
 
 
+_TOKEN = re.compile(r"[0-9a-f]{20}")  # fleetcron.lease.new_holder's
+
+
 def display_holder(holder: str) -> str:
     """A holder as it may be shown: ``host:pid``, without the secret per-acquisition
-    token that follows the last colon."""
+    token after them (nor what follows the token: the leader lease's holder is
+    ``host:pid:token:leader``). A host may hold colons (an IPv6 address): the pid is the
+    last all-digit part before the token."""
+    parts = holder.split(":")
+    for index in range(1, len(parts) - 1):
+        if parts[index].isdigit() and _TOKEN.fullmatch(parts[index + 1]):
+            return ":".join(parts[: index + 1])
     host, _, rest = holder.rpartition(":")
     return host if host else rest
 
