@@ -466,7 +466,10 @@ class AsyncScheduler:
         # jobs in its own random order (a job's slots stay in order), so their first
         # claims land on different jobs instead of all queueing on the same job leases.
         random.shuffle(due)
-        await self.handover.read_ring()
+        if await self.handover.read_ring():
+            # The members changed: the slots of those that left have new owners and
+            # backups, and nobody else looks at a slot.
+            self.handover.look_again(now)
         try:
             # Planned in groups of about RECORD_BATCH missed slots: after a long outage a
             # group's plans, not every job's, are held at once, and each group's missed

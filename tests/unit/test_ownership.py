@@ -13,8 +13,9 @@ import pytest
 from fleetcron.errors import StoreUnavailable
 from fleetcron.models import ReplicaInfo, ReplicaRecord
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
+from fleetcron.scheduling.handover import Handover
 from fleetcron.scheduling.heartbeat import jobs_fingerprint
-from fleetcron.scheduling.ownership import Ring
+from fleetcron.scheduling.ownership import BACKUPS, Ring
 from fleetcron.scheduling.planning import DueHeap, PlannedJob
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
 from fleetcron.testing import FakeClock
@@ -211,3 +212,106 @@ async def test_a_failed_ring_read_is_tried_again_within_a_second_not_a_heartbeat
     clock.advance(1.0)
     await scheduler.handover.read_ring()
     assert len(store.calls["replica_list"]) == 1  # read: fresh until the next heartbeat
+
+
+# -- bounded store work per slot, whatever the number of replicas --------------------------
+def _rings(count: int) -> list[Ring]:
+    ids = [f"host:{pid}:ab" for pid in range(count)]
+    rings = [Ring(me, "fp") for me in ids]
+    rows = [_row(i) for i in ids]
+    for ring in rings:
+        ring.update(rows)
+    return rings
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 10, 100])
+def test_each_slot_has_one_owner_and_at_most_two_backups_spread_over_the_members(
+    count: int,
+) -> None:
+    rings = _rings(count)
+    firsts: Counter[str] = Counter()
+    for slot in range(2_000):
+        ranks = sorted(ring.rank("job", 1_700_000_000_000_000 + slot) for ring in rings)
+        looking = [rank for rank in ranks if rank <= BACKUPS]
+        assert looking == list(range(min(count, BACKUPS + 1))), ranks
+        firsts.update(r.me for r in rings if r.rank("job", 1_700_000_000_000_000 + slot) == 1)
+    if count > 3:
+        # A dead owner's slots fall on every member, not on one neighbour.
+        assert len(firsts) == count
+        assert max(firsts.values()) <= 3 * 2_000 / (count - 1) + 10
+
+
+class _Settled(AsyncMemoryStore):
+    """Answers ``run_settled`` with nothing settled, counting the slots asked about."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+        self.asked = 0
+        self.reads = 0
+
+    async def run(self, operation: Any) -> Any:
+        if getattr(operation, "__name__", "") == "run_settled":
+            slots = operation.gi_frame.f_locals["slots"]
+            operation.close()
+            self.asked += len(slots)
+            self.reads += 1
+            return set()
+        return await super().run(operation)
+
+
+@pytest.mark.parametrize("count", [10, 100, 1_000])
+async def test_a_slot_costs_at_most_two_lookups_whatever_the_number_of_replicas(
+    count: int,
+) -> None:
+    # The store-call model: every replica collects every slot (each plans every job), but
+    # only the slot's backups look it up, however many replicas there are — with the owner
+    # dead, the slot is found free and adopted by them, not by the whole fleet.
+    store = _Settled()
+    clock = FakeClock()
+    every = spec("job", lambda ctx: None, every="1s")
+    replicas = []  # each replica plans the job on its own
+    for ring in _rings(count):
+        handover = Handover(store, NS, ring, claiming=True, ring_every_s=10.0, clock=clock)
+        replicas.append((handover, PlannedJob(spec=every, cursor_us=0)))
+    slots = [1_700_000_000_000_000 + k * 1_000_000 for k in range(30)]
+    adopted: Counter[int] = Counter()
+    for slot in slots:
+        for handover, job in replicas:
+            shared, slot_deadline = handover.slot_facts(job, slot)
+            if shared:
+                handover.wait_for_owner("job", slot, slot_deadline, slot)
+        for handover, job in replicas:
+            free, _ = await handover.adopt(slot + 600_000, {"job": job})
+            adopted.update(claim.slot_us for claim in free)
+
+    assert store.asked <= 2 * len(slots), (store.asked, len(slots))
+    assert store.reads <= 2 * len(slots)
+    # Every slot found free is adopted by its backups only (the store gives it to one).
+    assert set(adopted) == set(slots)
+    assert max(adopted.values()) <= 2
+
+
+async def test_a_slot_whose_owner_and_backups_left_is_looked_at_once_the_ring_drops_them() -> None:
+    # Four members: the slot's other member parks it. The owner and both backups leave
+    # before its deadline: once the ring drops them, the remaining member looks at it.
+    store = _Settled()
+    clock = FakeClock()
+    every = spec("job", lambda ctx: None, every="1m")
+    rings = _rings(4)
+    slot = next(
+        s
+        for s in range(1_700_000_000_000_000, 1_700_000_000_000_000 + 10**9, 60_000_000)
+        if rings[0].rank("job", s) > BACKUPS
+    )
+    handover = Handover(store, NS, rings[0], claiming=True, ring_every_s=10.0, clock=clock)
+    job = PlannedJob(spec=every, cursor_us=0)
+    shared, slot_deadline = handover.slot_facts(job, slot)
+    assert shared
+    handover.wait_for_owner("job", slot, slot_deadline, slot)
+    free, _ = await handover.adopt(slot + 20_000_000, {"job": job})
+    assert (free, store.asked) == ([], 0)  # parked: not looked at while they are members
+
+    rings[0].update([_row(rings[0].me)])  # the others' rows expired
+    assert handover.look_again(slot + 20_000_000) == 1
+    free, _ = await handover.adopt(slot + 20_000_000, {"job": job})
+    assert [claim.slot_us for claim in free] == [slot]

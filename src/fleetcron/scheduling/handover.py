@@ -22,14 +22,19 @@ from dataclasses import dataclass
 from fleetcron.clock import Clock
 from fleetcron.jobspec import JobSpec
 from fleetcron.models import SlotClaim
-from fleetcron.scheduling.ownership import HANDOVER_US, Ring
+from fleetcron.scheduling.ownership import BACKUPS, HANDOVER_US, Ring
 from fleetcron.scheduling.planning import PlannedJob, claim_for, deadline
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["ADOPT_BATCH", "Handover"]
+__all__ = ["ADOPT_BATCH", "PARKED_LIMIT", "PARKED_US", "Handover"]
 
 ADOPT_BATCH = 2000
 """Other replicas' slots looked at per read."""
+PARKED_US = 60_000_000
+"""How long a slot this replica neither owns nor backs up is kept, within its deadline,
+to be looked at should the members change (its owner and backups may have left)."""
+PARKED_LIMIT = 100_000
+"""At most this many such slots are kept (the oldest go first)."""
 _ADOPT_EVERY_US = (250_000, 1_000_000)  # how often others' waiting slots are looked at
 _RING_RESYNC_US = 1_000_000  # the ring is read again at most this often when it is stale
 
@@ -69,6 +74,9 @@ class Handover:
         # (look at, job, slot, deadline), the store's clock. No claim is made for them (a
         # run id each) unless one is adopted.
         self._waiting: deque[tuple[int, str, int, int | None]] = deque()
+        # (deadline, job, slot): slots neither owned nor backed up here, kept until their
+        # deadline (at most PARKED_US) in case the members change meanwhile.
+        self._parked: deque[tuple[int, str, int]] = deque()
         self._every_us = _ADOPT_EVERY_US[0]
         self._at_us = 0
         self._cap_us = _ADOPT_EVERY_US[1]  # spacing cap: half the shortest window
@@ -101,9 +109,12 @@ class Handover:
     def collect_delay_us(self, job: PlannedJob, slot_us: int) -> int:
         """How long after its fire time a slot is collected: at once when this replica
         owns it (or runs alone, or leads), else after its hand-over wait
-        (:meth:`delay_us`)."""
+        (:meth:`delay_us`, twice that for the second backup and the other members)."""
         shared, slot_deadline = self.slot_facts(job, slot_us)
-        return self.delay_us(slot_deadline, slot_us) if shared else 0
+        if not shared:
+            return 0
+        rank = min(self.ring.rank(job.spec.name, slot_us), 2)
+        return rank * self.delay_us(slot_deadline, slot_us)
 
     @staticmethod
     def delay_us(deadline_us: int | None, slot_us: int) -> int:
@@ -121,11 +132,11 @@ class Handover:
         self.ring = ring
         self.stale = True
 
-    async def read_ring(self) -> None:
+    async def read_ring(self) -> bool:
         """Read the ring's members every heartbeat interval, and at most once a second
-        while it is :attr:`stale`."""
+        while it is :attr:`stale`; whether the members changed."""
         if not self._claiming:
-            return
+            return False
         now = self._clock.monotonic_us()
         last = self._read_us
         if not (
@@ -133,7 +144,7 @@ class Handover:
             or now - last >= self._ring_every_us
             or (self.stale and now - last >= _RING_RESYNC_US)
         ):
-            return
+            return False
         self._read_us = now
         try:
             rows = await self._store.run(self._store.ops.replica_list(self._namespace, 0))
@@ -141,7 +152,28 @@ class Handover:
             self.stale = True  # tried again within a second, not a heartbeat later
             raise
         self.stale = False
+        version = self.ring.version
         self.ring.update(rows)
+        return self.ring.version != version
+
+    def look_again(self, now: int) -> int:
+        """The members changed: the parked slots still within their deadline are ranked
+        again, and those this replica now owns or backs up are looked at at once — their
+        owner and backups may be the replicas that left. Returns how many were queued (a
+        read tells which are still free)."""
+        queued = 0
+        parked, self._parked = self._parked, deque()
+        for slot_deadline, job, slot in parked:
+            if slot_deadline <= now:
+                continue
+            if self.ring.rank(job, slot) > BACKUPS:
+                self._parked.append((slot_deadline, job, slot))
+                continue
+            self._waiting.append((now, job, slot, slot_deadline))
+            queued += 1
+        if queued:
+            self._at_us = min(self._at_us, now)
+        return queued
 
     # -- the waiting slots ---------------------------------------------------------------
     def wait_for_owner(
@@ -150,17 +182,32 @@ class Handover:
         """Queue another replica's slot: looked at after :meth:`delay_us` (at once when
         ``ripe``, collected after that wait already); the reads are spaced so that it is
         looked at again before half of the time its policy gives it has passed."""
+        rank = self.ring.rank(job, slot_us)
+        if rank > BACKUPS:
+            # Neither owner nor backup: not looked at (a bounded number of reads per slot,
+            # whatever the number of replicas) unless the members change before its
+            # deadline (look_again).
+            self._park(job, slot_us, deadline_us, now)
+            return
         window = None if deadline_us is None else deadline_us - slot_us
-        wait = 0 if ripe else self.delay_us(deadline_us, slot_us)
+        wait = 0 if ripe else rank * self.delay_us(deadline_us, slot_us)
         if window is not None:
             self._cap_us = min(self._cap_us, max(window // 2, 1))
             # Reads spaced out while owners kept up must not pass this slot's deadline.
             self._at_us = min(self._at_us, now + wait + window // 2)
         self._waiting.append((now + wait, job, slot_us, deadline_us))
 
+    def _park(self, job: str, slot_us: int, deadline_us: int | None, now: int) -> None:
+        parked = self._parked
+        while parked and (parked[0][0] <= now or len(parked) >= PARKED_LIMIT):
+            parked.popleft()  # past its deadline (roughly in order), or the oldest
+        if deadline_us is not None and deadline_us > now:
+            parked.append((min(deadline_us, now + PARKED_US), job, slot_us))
+
     def forget(self, keep: Callable[[str], bool]) -> None:
         """Drop the waiting slots of the jobs ``keep`` says no to (removed by a reload)."""
         self._waiting = deque(w for w in self._waiting if keep(w[1]))
+        self._parked = deque(p for p in self._parked if keep(p[1]))
 
     def next_look_us(self) -> int | None:
         """When the next adoption read is due (store time), ``None``: nothing waits."""
