@@ -72,6 +72,71 @@ DELETE FROM fleetcron_lease AS l USING now
    AND l.fence < (extract(epoch FROM now.t) * 1000000)::bigint + fleetcron_timeline_offset_us()
 RETURNING l.name;
 
+-- ---------------------------------------------------------------------------------------
+-- Lock mode 'advisory' (fleetcron.stores.sql.advisory, docs/design/leases.md): the holder
+-- holds the session advisory lock of the name's 64-bit key on a connection of its own, and
+-- a lease row as any holder. An advisory holder's mark is its token:
+-- host:pid:advisory.<hex>.
+
+-- name: lease_acquire_advisory
+-- Sent once the holder has the advisory lock: lease_acquire's rules, and a live row another
+-- advisory holder wrote is taken over at once, past its min_until (lock_at_least) — that
+-- holder's session has ended, or this one would not have the advisory lock. A plain
+-- holder's row is respected until it expires. One row (fence, store now) when taken.
+WITH now AS (SELECT clock_timestamp() AS t)
+INSERT INTO fleetcron_lease AS l
+    (namespace, name, holder, fence, acquired_at, expires_at, min_until)
+SELECT %(namespace)s, %(name)s, %(holder)s,
+       (extract(epoch FROM now.t) * 1000000)::bigint + fleetcron_timeline_offset_us(), now.t,
+       now.t + %(ttl_us)s * interval '1 microsecond',
+       now.t + %(least_us)s * interval '1 microsecond'
+  FROM now
+ON CONFLICT (namespace, name) DO UPDATE
+   SET holder = excluded.holder,
+       fence = greatest(l.fence + 1, excluded.fence),
+       acquired_at = excluded.acquired_at,
+       expires_at = excluded.expires_at,
+       min_until = excluded.min_until
+ WHERE l.expires_at <= excluded.acquired_at
+    OR (l.holder ~ ':advisory\.[0-9a-f]+$' AND l.min_until <= excluded.acquired_at)
+RETURNING l.fence, (extract(epoch FROM l.acquired_at) * 1000000)::bigint AS now_us;
+
+-- name: advisory_held
+-- The monitoring read: the session advisory locks of these keys granted now in this
+-- database, with their sessions (pg_locks joined with pg_stat_activity). A bigint key is
+-- classid (its high 32 bits) and objid (its low 32 bits) with objsubid 1. held_since_us is
+-- the session's last change of state: an advisory session sends nothing once it has its
+-- lock, so that is when it took it. A role without pg_read_all_stats sees another role's
+-- sessions without their client address and times (NULL).
+SELECT ((l.classid::bigint << 32) | l.objid::bigint) AS key, l.pid,
+       host(a.client_addr) AS client_addr, a.application_name,
+       (extract(epoch FROM a.backend_start) * 1000000)::bigint AS backend_start_us,
+       (extract(epoch FROM a.state_change) * 1000000)::bigint AS held_since_us,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
+  FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
+ ORDER BY l.pid;
+
+-- name: advisory_session_pid
+-- On the advisory session: the server process it runs in, to compare with the one
+-- announced at connect (a pooler announces one of its own).
+SELECT pg_backend_pid();
+
+-- name: advisory_try_lock
+-- On the advisory session: its lock, without waiting, and the server's TCP keepalives for
+-- the session (as the client's: 10 s idle, 5 s apart, 3 probes), so that a host that
+-- vanishes without closing its connection has its lock released within about 25 s, not
+-- the system's two hours. Ignored on a Unix socket.
+SELECT pg_try_advisory_lock(%(key)s::bigint) AS got, pg_backend_pid() AS pid,
+       set_config('tcp_keepalives_idle', '10', false),
+       set_config('tcp_keepalives_interval', '5', false),
+       set_config('tcp_keepalives_count', '3', false);
+
+-- name: advisory_unlock
+SELECT pg_advisory_unlock(%(key)s::bigint);
+
 -- name: schema_init
 CREATE TABLE IF NOT EXISTS fleetcron_schema (
     version    integer     PRIMARY KEY,
