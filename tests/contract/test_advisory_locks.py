@@ -173,6 +173,82 @@ def test_a_takeover_keeps_the_dead_holders_lock_at_least(
     old.release()
 
 
+def test_a_frozen_holders_session_is_ended_once_its_lease_has_expired(
+    fleets: tuple[Fleet, Fleet], pg_url: str, namespace: str
+) -> None:
+    # A holder that stops renewing (stopped, paused, starved) keeps its idle session, and
+    # its kernel keeps the connection up: its lease row expires, its advisory lock would not.
+    first, second = fleets
+    frozen = first.try_lock("frozen", mode="advisory", lock_at_most="1s", keepalive=False)
+    assert isinstance(frozen, SyncAdvisoryLease)
+    assert second.try_lock("frozen", mode="advisory") is None  # before its expiry: held
+    assert not frozen.lost.is_set()
+
+    store = open_store(parse_store_url(pg_url))
+    try:
+        wait_until_freed(store, namespace, "frozen", frozen.record.expires_us)
+    finally:
+        store.close()
+    taken = second.try_lock("frozen", mode="advisory", lock_at_most="10m")
+    assert taken is not None
+    assert taken.fence > frozen.fence
+    assert frozen.lost.wait(10), "the frozen holder did not see its session end"
+    assert _sessions_holding(pg_url, namespace, "frozen") == 1
+    frozen.release()
+    taken.release()
+
+
+def test_a_session_of_another_application_on_the_same_key_is_never_ended(
+    fleets: tuple[Fleet, Fleet], pg_url: str, namespace: str
+) -> None:
+    first, _ = fleets
+    plain = first.try_lock("shared-key", lock_at_most="100ms", keepalive=False)
+    assert plain is not None  # a lease row, expired by the time the contender comes
+    with psycopg.connect(pg_url, autocommit=True, application_name="billing") as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (advisory_key(namespace, "shared-key"),))
+        store = open_store(parse_store_url(pg_url))
+        try:
+            wait_until_freed(store, namespace, "shared-key", plain.record.expires_us)
+        finally:
+            store.close()
+        assert first.try_lock("shared-key", mode="advisory") is None
+        assert other.execute("SELECT 1").fetchone() == (1,)  # still connected
+    taken = first.try_lock("shared-key", mode="advisory")
+    assert taken is not None
+    taken.release()
+
+
+@pytest.mark.parametrize(
+    ("why", "change"),
+    [
+        (
+            "written before the server started",
+            "acquired_at = pg_postmaster_start_time() - interval '1s'",
+        ),
+        # A fence below its acquisition's clock plus the timeline's offset was issued on an
+        # earlier timeline: the row came from the primary this server was promoted over.
+        ("written on an earlier timeline", "fence = fence - fleetcron_timeline_offset_us() - 1"),
+    ],
+)
+def test_a_row_the_server_may_not_have_seen_the_session_of_is_waited_out(
+    fleets: tuple[Fleet, Fleet], pg_url: str, namespace: str, why: str, change: str
+) -> None:
+    first, second = fleets
+    old = first.try_lock("restarted", mode="advisory", lock_at_most="10m")
+    assert isinstance(old, SyncAdvisoryLease)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE fleetcron_lease SET {change} WHERE namespace = %s AND name = %s",
+            (namespace, "restarted"),
+        )
+    _terminate(pg_url, old.session.pid)
+    assert old.lost.wait(10)
+    # Its session is gone, but a restart or a failover would have dropped it unseen too.
+    assert second.try_lock("restarted", mode="advisory") is None, why
+    assert _sessions_holding(pg_url, namespace, "restarted") == 0
+    old.release()
+
+
 def test_the_async_face_cancels_the_work_of_a_holder_whose_session_ends(
     pg_url: str, namespace: str
 ) -> None:

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
 from psycopg.pq import ConnStatus
 
+from fleetcron._log import log
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.models import ADVISORY_TOKEN, AdvisoryHold, LeaseRecord
 from fleetcron.stores.base import Operation, connect_error
@@ -59,6 +61,10 @@ __all__ = [
 
 _APPLICATION_NAME_BYTES = 63  # PostgreSQL keeps NAMEDATALEN - 1 bytes of it
 _PROBES = 3  # interleaved statements of the pooling test, as fleetcron doctor's
+# How long a contender that ended a stale holder's session waits for its lock to be free
+# (the server process exits on its own time), trying every _STALE_POLL_S.
+_STALE_WAIT_S = 2.0
+_STALE_POLL_S = 0.02
 
 
 def advisory_key(namespace: str, name: str) -> int:
@@ -153,9 +159,10 @@ class AdvisorySession:
         pooler in transaction pooling; a :class:`StoreError` when the server cannot be
         reached or refuses."""
         key = advisory_key(namespace, name)
+        application_name = session_name(namespace, name)
         options = {
             **connect_kwargs(url),
-            "application_name": session_name(namespace, name),
+            "application_name": application_name,
             "prepare_threshold": None,
         }
         try:
@@ -170,6 +177,14 @@ class AdvisorySession:
             got, locked_in, *_ = _one(conn, url, "advisory_try_lock", {"key": key})
             if locked_in != pid:  # moved to another server connection: pooled per transaction
                 raise _pooled(url)
+            if not got:
+                stale = {
+                    "namespace": namespace,
+                    "name": name,
+                    "key": key,
+                    "application_name": application_name,
+                }
+                got = _end_stale_holder(conn, url, stale)
         except BaseException:
             conn.close()
             raise
@@ -227,6 +242,40 @@ def _one(
     if row is None:
         raise StoreError(f"the store answered {name} with no row")
     return tuple(row)
+
+
+def _end_stale_holder(
+    conn: psycopg.Connection[Any], url: StoreURL, stale: Mapping[str, object]
+) -> bool:
+    """The lock being busy: end the session of a holder whose lease has expired (the
+    rules are in ``advisory_end_stale``), then wait a moment for its lock. Whether this
+    session has the lock now."""
+    name = stale["name"]
+    try:
+        (ended,) = _one(conn, url, "advisory_end_stale", stale)
+    except StoreError as exc:  # this role may not signal that session: it stays busy
+        log.warning(
+            "the advisory lock of %s is held by a session whose lease has expired, and "
+            "ending it failed: %s",
+            name,
+            exc.message,
+            extra={"action": "advisory_stale_failed", "lock": name},
+        )
+        return False
+    if not ended:
+        return False
+    log.warning(
+        "ended the session of %s's advisory holder: its lease had expired while its "
+        "session held the lock (the holder is frozen or hung)",
+        name,
+        extra={"action": "advisory_stale_ended", "lock": name},
+    )
+    give_up = time.monotonic() + _STALE_WAIT_S
+    while True:
+        got, *_ = _one(conn, url, "advisory_try_lock", {"key": stale["key"]})
+        if got or time.monotonic() >= give_up:
+            return bool(got)
+        time.sleep(_STALE_POLL_S)
 
 
 def _refuse_transaction_pooling(conn: psycopg.Connection[Any], url: StoreURL, pid: int) -> None:

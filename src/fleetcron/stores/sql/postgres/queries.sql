@@ -81,8 +81,12 @@ RETURNING l.name;
 -- name: lease_acquire_advisory
 -- Sent once the holder has the advisory lock: lease_acquire's rules, and a live row another
 -- advisory holder wrote is taken over at once, past its min_until (lock_at_least) — that
--- holder's session has ended, or this one would not have the advisory lock. A plain
--- holder's row is respected until it expires. One row (fence, store now) when taken.
+-- holder's session has ended, or this one would not have the advisory lock. Only a row
+-- written since this server started and on its timeline, though: a restart or a promoted
+-- standby forgets every advisory lock while a holder cut off from it may not know yet, so
+-- such a row is waited out as a plain one. (On the current timeline a fence is at least the
+-- acquisition's clock plus the timeline's offset: migration 16.) A plain holder's row is
+-- respected until it expires. One row (fence, store now) when taken.
 WITH now AS (SELECT clock_timestamp() AS t)
 INSERT INTO fleetcron_lease AS l
     (namespace, name, holder, fence, acquired_at, expires_at, min_until)
@@ -98,7 +102,10 @@ ON CONFLICT (namespace, name) DO UPDATE
        expires_at = excluded.expires_at,
        min_until = excluded.min_until
  WHERE l.expires_at <= excluded.acquired_at
-    OR (l.holder ~ ':advisory\.[0-9a-f]+$' AND l.min_until <= excluded.acquired_at)
+    OR (l.holder ~ ':advisory\.[0-9a-f]+$' AND l.min_until <= excluded.acquired_at
+        AND l.acquired_at >= pg_postmaster_start_time()
+        AND l.fence - (extract(epoch FROM l.acquired_at) * 1000000)::bigint
+            >= fleetcron_timeline_offset_us())
 RETURNING l.fence, (extract(epoch FROM l.acquired_at) * 1000000)::bigint AS now_us;
 
 -- name: advisory_held
@@ -126,13 +133,37 @@ SELECT pg_backend_pid();
 
 -- name: advisory_try_lock
 -- On the advisory session: its lock, without waiting, and the server's TCP keepalives for
--- the session (as the client's: 10 s idle, 5 s apart, 3 probes), so that a host that
--- vanishes without closing its connection has its lock released within about 25 s, not
--- the system's two hours. Ignored on a Unix socket.
+-- the session (20 s idle, then 3 probes 5 s apart), so that a host that vanishes without
+-- closing its connection has its lock released within about 35 s, not the system's two
+-- hours — and after the holder has seen its own side of the connection fail (the client's
+-- keepalives give up within about 25 s: fleetcron.stores.sql.postgres). Ignored on a Unix
+-- socket.
 SELECT pg_try_advisory_lock(%(key)s::bigint) AS got, pg_backend_pid() AS pid,
-       set_config('tcp_keepalives_idle', '10', false),
+       set_config('tcp_keepalives_idle', '20', false),
        set_config('tcp_keepalives_interval', '5', false),
        set_config('tcp_keepalives_count', '3', false);
+
+-- name: advisory_end_stale
+-- On a contender's session, the advisory lock being busy: end the session that holds it
+-- when the name's lease row has expired by the store's clock and that session is a
+-- fleetcron advisory session of this very name (application_name) that took the lock
+-- before the row expired. Its holder is frozen or hung (stopped, paused, starved): its
+-- local deadline has passed, so it trusts its lease no more, and its idle session would
+-- hold advisory contenders off for as long as its kernel answers. A session of another
+-- name or application (a colliding key) is never ended, nor one whose state this role may
+-- not see (state_change NULL). The number of sessions ended.
+SELECT count(*) FROM (
+    SELECT pg_terminate_backend(l.pid) AS ended
+      FROM pg_locks AS l
+      JOIN pg_stat_activity AS a ON a.pid = l.pid
+      JOIN fleetcron_lease AS r ON r.namespace = %(namespace)s AND r.name = %(name)s
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND ((l.classid::bigint << 32) | l.objid::bigint) = %(key)s::bigint
+       AND a.application_name = %(application_name)s
+       AND r.expires_at <= clock_timestamp()
+       AND a.state_change < r.expires_at
+) AS s WHERE s.ended;
 
 -- name: advisory_unlock
 SELECT pg_advisory_unlock(%(key)s::bigint);
