@@ -22,6 +22,12 @@ holders; the row gives the fence, the expiry a plain holder respects, and what
 - :func:`advisory_held` — the monitoring read: the advisory locks held now, with their
   sessions (``pg_locks`` joined with ``pg_stat_activity``).
 
+A holder frozen past its lease's expiry (stopped, paused) keeps its session, which its
+kernel keeps up: the next contender ends that session (``advisory_end_stale``) so that
+``lock_at_most`` stays the ceiling. A row written before the server started, or on an
+earlier timeline, is not taken over early: a restart or a failover drops the advisory
+locks before their holders can know it.
+
 Behind a pooler in transaction pooling (PgBouncer ``pool_mode = transaction``) a session
 lock stays on a server connection other clients share: the session refuses it, with the
 test ``fleetcron doctor`` makes (:mod:`fleetcron.stores.sql.pooling`).
