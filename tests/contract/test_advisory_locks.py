@@ -299,6 +299,25 @@ def test_advisory_locks_lists_the_held_locks_with_their_sessions(
     assert second.advisory_locks() == []
 
 
+def test_a_locked_function_runs_under_an_advisory_lock_or_is_skipped(
+    fleets: tuple[Fleet, Fleet], pg_url: str, namespace: str
+) -> None:
+    first, second = fleets
+    seen: list[int] = []
+
+    @first.locked("decorated", mode="advisory")
+    def job() -> str:
+        seen.append(_sessions_holding(pg_url, namespace, "decorated"))
+        assert second.try_lock("decorated", mode="advisory") is None
+        return "ran"
+
+    assert job() == "ran"
+    assert seen == [1]
+    assert _sessions_holding(pg_url, namespace, "decorated") == 0
+    with second.lock("decorated", mode="advisory"):
+        assert job() is None  # skipped while held
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "mysql", "redis"])
 def test_advisory_mode_is_refused_on_any_other_store(
     kind: str, tmp_path: Path, namespace: str

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from e2e.helpers import Cli, alive, assert_clean_error, read_when_written, wait_for
-from fleetcron.cli.exitcodes import EXIT_USAGE
+from fleetcron.cli.exitcodes import EXIT_LEASE_LOST, EXIT_USAGE
 from pgbouncer_server import PgBouncer
 from services import require_service
 
@@ -74,6 +74,37 @@ def test_a_sigkilled_advisory_holder_is_taken_over_within_a_second(
     # The dead holder's command was stopped by its reaper: nothing ran beside the new one.
     wait_for(lambda: not alive(pgid), what="the dead holder's command to be stopped")
     holder.wait()
+
+
+def test_a_frozen_advisory_holder_is_ended_once_its_lease_expires_and_exits_76(
+    pg_cli: Cli, tmp_path: Path
+) -> None:
+    # SIGSTOP: the holder's kernel keeps its connection, so its advisory lock stays until
+    # a contender ends its session — once its lease has expired, not before.
+    holder_file = tmp_path / "holder"
+    holder = pg_cli.spawn(
+        "exec", "frozen", "--lock-mode", "advisory", "--lock-at-most", "2s", "--",
+        "sh", "-c", REPORT_AND_SLEEP, "sh", str(holder_file),
+    )  # fmt: skip
+    pgid, first_fence = map(int, read_when_written(holder_file).split())
+    pg_cli.track_group(pgid)
+    wait_for(lambda: pg_cli.held("frozen"), what="the lease to show as held")
+    holder.proc.send_signal(signal.SIGSTOP)
+    try:
+        marker = tmp_path / "marker"
+        taken = pg_cli.run(
+            "exec", "frozen", "--lock-mode", "advisory", "--lock-at-most", "10s",
+            "--wait", "20s", "--", "sh", "-c", REPORT_FENCE, "sh", str(marker),
+        )  # fmt: skip
+        assert taken.returncode == 0, taken.stderr
+        assert int(marker.read_text()) > first_fence
+        assert "advisory_stale_ended" in taken.stderr or "ended the session" in taken.stderr
+    finally:
+        holder.proc.send_signal(signal.SIGCONT)
+    result = holder.wait(timeout=30)
+    assert result.returncode == EXIT_LEASE_LOST, result.stderr
+    assert "Traceback" not in result.stderr
+    wait_for(lambda: not alive(pgid), what="the frozen holder's command to be stopped")
 
 
 def test_advisory_exec_is_refused_behind_transaction_pooling(
