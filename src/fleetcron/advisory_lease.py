@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetcron.bridge import ThreadedAsyncStore, run_blocking
@@ -68,15 +68,19 @@ def _postgres_url(store: AsyncStore) -> StoreURL | None:
 
 
 async def advisory_holds(
-    store: AsyncStore, namespace: str, names: Sequence[str]
+    store: AsyncStore,
+    namespace: str,
+    names: Sequence[str] | Callable[[], Awaitable[Sequence[str]]],
 ) -> list[AdvisoryHold]:
-    """The session advisory locks held now on the keys of ``names`` (by name, then
-    session); none on a store other than PostgreSQL."""
+    """The session advisory locks held now on the keys of ``names`` (or of the names
+    ``names()`` reads), by name, then session; none on a store other than PostgreSQL,
+    where nothing is read."""
     if _postgres_url(store) is None:
         return []
     from fleetcron.stores.sql.advisory import advisory_held
 
-    return await store.run(advisory_held(namespace, names))
+    listed = await names() if callable(names) else names
+    return await store.run(advisory_held(namespace, listed))
 
 
 async def grant_advisory(

@@ -329,13 +329,16 @@ class AsyncFleet(JobRegistry, Observed):
         monitor's alert markers, which lock nothing."""
         return shown_leases(await self.store.run(self.store.ops.lease_list(self.namespace)))
 
-    async def advisory_locks(self) -> list[AdvisoryHold]:
-        """The session advisory locks (lock mode ``advisory``) held now on the names of
-        this namespace's lease rows, each with its session (server pid, client address,
-        ``application_name``, since when), by name; none on a store other than
-        PostgreSQL."""
-        names = [record.name for record in await self.locks()]
-        return await advisory_holds(self.store, self.namespace, names)
+    async def advisory_locks(self, names: Sequence[str] | None = None) -> list[AdvisoryHold]:
+        """The session advisory locks (lock mode ``advisory``) held now on ``names`` (by
+        default the names of this namespace's lease rows), each with its session (server
+        pid, client address, ``application_name``, since when), by name; none on a store
+        other than PostgreSQL."""
+
+        async def leases() -> list[str]:
+            return [record.name for record in await self.locks()]
+
+        return await advisory_holds(self.store, self.namespace, leases if names is None else names)
 
     async def get(self, name: str) -> LeaseRecord | None:
         """The lease row of ``name``, or ``None`` if it never existed."""

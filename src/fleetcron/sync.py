@@ -352,9 +352,9 @@ class Fleet(JobRegistry, Observed):
         """Sync :meth:`AsyncFleet.locks`."""
         return run_inline(self._core.locks())
 
-    def advisory_locks(self) -> list[AdvisoryHold]:
+    def advisory_locks(self, names: Sequence[str] | None = None) -> list[AdvisoryHold]:
         """Sync :meth:`AsyncFleet.advisory_locks`."""
-        return run_inline(self._core.advisory_locks())
+        return run_inline(self._core.advisory_locks(names))
 
     def get(self, name: str) -> LeaseRecord | None:
         """Sync :meth:`AsyncFleet.get`."""

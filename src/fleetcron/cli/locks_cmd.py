@@ -17,14 +17,15 @@ __all__ = ["print_locks"]
 def print_locks(fleet: Fleet, as_json: bool) -> None:
     """Print the namespace's leases (a table, or a JSON array of one object per lease)."""
     records = shown_leases(fleet.locks())  # the monitor's alert markers lock nothing
-    holds = fleet.advisory_locks()
+    holds = fleet.advisory_locks([r.name for r in records])
     if as_json:
         print(json.dumps([_lease_json(r, holds) for r in records], indent=2))  # noqa: T201
         return
     if not records:
         print("no leases")  # noqa: T201
         return
-    header = ("NAME", "STATE", "MODE", "HOLDER", "FENCE", "HELD FOR", "EXPIRES IN")
+    # MODE last: the columns before it are where scripts have read them from.
+    header = ("NAME", "STATE", "HOLDER", "FENCE", "HELD FOR", "EXPIRES IN", "MODE")
     table = [header]
     for r in records:
         held = r.held
@@ -32,11 +33,11 @@ def print_locks(fleet: Fleet, as_json: bool) -> None:
             (
                 r.name,
                 "held" if held else "free",
-                r.mode if held else "-",
                 r.holder_display if held else "-",
                 str(r.fence),
                 format_duration(r.now_us - r.acquired_us) if held else "-",
                 format_duration(r.expires_us - r.now_us) if held else "-",
+                r.mode if held else "-",
             )
         )
     _print_table(table)
