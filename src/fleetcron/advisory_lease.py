@@ -93,25 +93,20 @@ async def grant_advisory(
     url = _postgres_url(store)
     if url is None:
         raise advisory_refusal(store.url)
-    from fleetcron.stores.sql.advisory import (
-        AdvisorySession,
-        lease_acquire_advisory,
-        mark_advisory,
-    )
+    from fleetcron.stores.sql.advisory import AdvisorySession, mark_advisory
 
     session = await run_blocking(AdvisorySession.open, url, terms.namespace, terms.name)
     if session is None:
         return None
     try:
         sent = clock.monotonic_us()
-        record = await store.run(
-            lease_acquire_advisory(
-                terms.namespace,
-                terms.name,
-                mark_advisory(new_holder()),
-                terms.lock_at_most_us,
-                terms.lock_at_least_us,
-            )
+        record = await run_blocking(
+            session.acquire,
+            terms.namespace,
+            terms.name,
+            mark_advisory(new_holder()),
+            terms.lock_at_most_us,
+            terms.lock_at_least_us,
         )
     except BaseException:
         await run_blocking(session.close)

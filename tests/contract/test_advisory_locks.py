@@ -13,10 +13,19 @@ import psycopg
 import pytest
 
 from contract.contract_support import eventually, wait_until_freed
-from fleetcron import AsyncFleet, ConfigurationError, Fleet, LeaseLost, fencing
+from fleetcron import (
+    AsyncFleet,
+    ConfigurationError,
+    Fleet,
+    Lease,
+    LeaseLost,
+    StoreUnavailable,
+    fencing,
+)
 from fleetcron.advisory_lease import AdvisoryLease, SyncAdvisoryLease
 from fleetcron.stores import open_store, parse_store_url
-from fleetcron.stores.sql.advisory import advisory_key
+from fleetcron.stores.sql.advisory import AdvisorySession, advisory_key
+from fleetcron.stores.url import StoreURL
 from pgbouncer_server import PgBouncer
 from services import require_service, url_of
 
@@ -116,6 +125,41 @@ def test_a_holder_whose_session_ends_is_taken_over_at_once_with_a_higher_fence(
     old.release()
     assert new.valid
     new.release()
+
+
+def test_a_holder_whose_session_ends_before_it_writes_its_row_never_takes_the_row_over(
+    fleets: tuple[Fleet, Fleet], pg_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The advisory lock is taken, then the session dies, and another holder takes the lock
+    # and writes its row — all before the first one writes its own row.
+    first, second = fleets
+    real_open = AdvisorySession.open
+    taken: list[Lease | Fleet] = []
+
+    def open_then_lose(url: StoreURL, ns: str, name: str) -> AdvisorySession | None:
+        session = real_open(url, ns, name)
+        if taken:  # the other holder's own acquisition
+            return session
+        assert session is not None
+        _terminate(pg_url, session.pid)
+        taken.append(first)  # a placeholder until the other holder has it
+        lease = second.try_lock(name, mode="advisory", wait="10s")
+        assert lease is not None
+        taken[:] = [lease]
+        return session
+
+    monkeypatch.setattr(AdvisorySession, "open", staticmethod(open_then_lose))
+    with pytest.raises(StoreUnavailable):
+        first.try_lock("raced", mode="advisory")
+    monkeypatch.undo()
+    (winner,) = taken
+    assert isinstance(winner, Lease)
+    record = first.get("raced")
+    assert record is not None
+    assert (record.holder, record.fence) == (winner.holder, winner.fence)
+    assert winner.valid
+    winner.extend()  # its renewal is not refused: nobody took its row
+    winner.release()
 
 
 def test_the_work_of_a_holder_whose_session_ends_is_interrupted(

@@ -4,7 +4,9 @@
 
 A holder in this mode holds two things: the session advisory lock of the lock name's key,
 on a connection of its own (an :class:`AdvisorySession`), and a lease row like any
-holder's, written by :func:`lease_acquire_advisory` once it has the advisory lock. The
+holder's, written on that same session once it has the advisory lock
+(:meth:`AdvisorySession.acquire`), so that a row is only ever written by a session that
+holds the lock at that moment. The
 server releases the advisory lock the moment the session ends — the holder's process
 exited or was killed, its connection was cut or terminated — so the next advisory
 contender gets it at once, and takes the row over at once with a higher fence, without
@@ -47,8 +49,7 @@ from psycopg.pq import ConnStatus
 from fleetcron._log import log
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.models import ADVISORY_TOKEN, AdvisoryHold, LeaseRecord
-from fleetcron.stores.base import Operation, connect_error
-from fleetcron.stores.rows import ACQUIRED
+from fleetcron.stores.base import Operation, acquired_record, connect_error
 from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.postgres import connect_kwargs, translate
 from fleetcron.stores.sql.runner import timed_out
@@ -60,7 +61,6 @@ __all__ = [
     "AdvisorySession",
     "advisory_held",
     "advisory_key",
-    "lease_acquire_advisory",
     "mark_advisory",
     "session_name",
 ]
@@ -99,24 +99,6 @@ def _queries() -> dict[str, str]:
     return load_queries("postgres")
 
 
-def lease_acquire_advisory(
-    namespace: str, name: str, holder: str, ttl_us: int, least_us: int
-) -> Operation[LeaseRecord | None]:
-    """The lease row of a holder that has the advisory lock: taken when free or expired,
-    or held by another advisory holder past its ``min_until``; ``None`` when a plain
-    holder's lease (or another advisory holder's ``lock_at_least``) still holds it.
-    ``holder`` carries the mark (:func:`mark_advisory`)."""
-    params = {
-        "namespace": namespace,
-        "name": name,
-        "holder": holder,
-        "ttl_us": ttl_us,
-        "least_us": least_us,
-    }
-    result: SqlResult = yield Query("lease_acquire_advisory", params)
-    return ACQUIRED.first(result, namespace, name, holder, ttl_us, least_us)
-
-
 def advisory_held(namespace: str, names: Sequence[str]) -> Operation[list[AdvisoryHold]]:
     """The advisory locks of ``names`` held now in this database, by session (a lock of
     another application whose key is one of theirs shows too: it excludes them as well)."""
@@ -144,9 +126,9 @@ def advisory_held(namespace: str, names: Sequence[str]) -> Operation[list[Adviso
 
 class AdvisorySession:
     """A connection of the holder's own that holds one session advisory lock: open it
-    with :meth:`open`, watch :attr:`fd` and ask :meth:`ended` when it is readable, and
-    :meth:`close` it to give the lock back. Nothing else is sent on it while it holds the
-    lock: the lease row is renewed through the store."""
+    with :meth:`open`, write the lease row with :meth:`acquire`, watch :attr:`fd` and ask
+    :meth:`ended` when it is readable, and :meth:`close` it to give the lock back. Nothing
+    else is sent on it while it holds the lock: the row is renewed through the store."""
 
     def __init__(self, conn: psycopg.Connection[Any], url: StoreURL, key: int, pid: int) -> None:
         self._conn = conn
@@ -199,6 +181,28 @@ class AdvisorySession:
             return None
         return cls(conn, url, key, int(pid))
 
+    def acquire(
+        self, namespace: str, name: str, holder: str, ttl_us: int, least_us: int
+    ) -> LeaseRecord | None:
+        """Write the lease row of the name whose lock this session holds: taken when free
+        or expired, or held by another advisory holder past its ``min_until`` (rules in
+        ``lease_acquire_advisory``); ``None`` when a plain holder's lease (or another
+        advisory holder's ``lock_at_least``) still holds it. ``holder`` carries the mark
+        (:func:`mark_advisory`). Sent on this session: were it gone, the write fails
+        instead of overwriting the row of a holder that has the lock since."""
+        params = {
+            "namespace": namespace,
+            "name": name,
+            "holder": holder,
+            "ttl_us": ttl_us,
+            "least_us": least_us,
+        }
+        rows = _rows(self._conn, self._url, "lease_acquire_advisory", params)
+        if not rows:
+            return None
+        fence, now_us = rows[0]
+        return acquired_record(namespace, name, holder, int(fence), int(now_us), ttl_us, least_us)
+
     def ended(self) -> str | None:
         """Read what the server sent the idle session: ``None`` while the session is
         alive, else why it ended. A notice (a warning, a parameter report) is read and
@@ -231,23 +235,31 @@ class AdvisorySession:
             conn.close()
 
 
-def _one(
+def _rows(
     conn: psycopg.Connection[Any], url: StoreURL, name: str, params: Mapping[str, object]
-) -> tuple[Any, ...]:
-    """The one row of query ``name`` on ``conn``, within the URL's read timeout; driver
+) -> list[tuple[Any, ...]]:
+    """The rows of query ``name`` on ``conn``, within the URL's read timeout; driver
     errors translated."""
     limit = deadline(conn.pgconn.socket, url.timeout_s)
     try:
         with limit:
-            row = conn.execute(_queries()[name], params, prepare=False).fetchone()
+            rows = conn.execute(_queries()[name], params, prepare=False).fetchall()
     except psycopg.Error as exc:
         if limit.expired:
             raise timed_out(url) from exc
         error = translate(exc)
         raise (error or StoreError(_first_line(exc))) from exc
-    if row is None:
+    return [tuple(row) for row in rows]
+
+
+def _one(
+    conn: psycopg.Connection[Any], url: StoreURL, name: str, params: Mapping[str, object]
+) -> tuple[Any, ...]:
+    """The one row of query ``name`` on ``conn`` (:func:`_rows`)."""
+    rows = _rows(conn, url, name, params)
+    if not rows:
         raise StoreError(f"the store answered {name} with no row")
-    return tuple(row)
+    return rows[0]
 
 
 def _end_stale_holder(

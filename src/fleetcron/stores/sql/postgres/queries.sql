@@ -79,7 +79,8 @@ RETURNING l.name;
 -- host:pid:advisory.<hex>.
 
 -- name: lease_acquire_advisory
--- Sent once the holder has the advisory lock: lease_acquire's rules, and a live row another
+-- Sent on the advisory session once it has the lock (so a session that has lost it cannot
+-- write the row any more): lease_acquire's rules, and a live row another
 -- advisory holder wrote is taken over at once, past its min_until (lock_at_least) — that
 -- holder's session has ended, or this one would not have the advisory lock. Only a row
 -- written since this server started and on its timeline, though: a restart or a promoted
@@ -113,7 +114,7 @@ RETURNING l.fence, (extract(epoch FROM l.acquired_at) * 1000000)::bigint AS now_
 -- database, with their sessions (pg_locks joined with pg_stat_activity). A bigint key is
 -- classid (its high 32 bits) and objid (its low 32 bits) with objsubid 1. held_since_us is
 -- the session's last change of state: an advisory session sends nothing once it has its
--- lock, so that is when it took it. A role without pg_read_all_stats sees another role's
+-- lock and has written its lease row, so that is when it took them. A role without pg_read_all_stats sees another role's
 -- sessions without their client address and times (NULL).
 SELECT ((l.classid::bigint << 32) | l.objid::bigint) AS key, l.pid,
        host(a.client_addr) AS client_addr, a.application_name,
