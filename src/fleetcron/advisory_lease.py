@@ -5,12 +5,12 @@ process or connection dies — not ``lock_at_most`` later.
 Acquire (:func:`grant_advisory`): open the holder's session and try the advisory lock of
 the name (:class:`~fleetcron.stores.sql.advisory.AdvisorySession`); when another session
 has it, the lock is held (unless that session's holder is frozen past its lease's expiry:
-then its session is ended). With it, write the lease row (fence strictly greater than
-every one before, expiry ``lock_at_most``), taking over at once a row another advisory
-holder left live: its session has ended, or this one would not have the advisory lock. A
-plain holder's row (lock mode ``lease``) is respected until it expires, so the two modes
-never give one name two holders; mixing them only loses the fast takeover. The rules and
-their limits: docs/design/leases.md, "Lock mode advisory".
+then its session is ended). With it, write the lease row on that session (fence
+strictly greater than every one before, expiry ``lock_at_most``), taking over at once a
+row another advisory holder left live: its session has ended, or this one would not have
+the advisory lock. A plain holder's row (lock mode ``lease``) is respected until it
+expires, so the two modes never give one name two holders; mixing them only loses the
+fast takeover. The rules and their limits: docs/design/leases.md, "Lock mode advisory".
 
 Hold (:class:`AdvisoryLease`): the row is renewed as any lease's, through the store; the
 session stays open and idle, watched on the event loop (its socket becomes readable when

@@ -6,13 +6,12 @@ A holder in this mode holds two things: the session advisory lock of the lock na
 on a connection of its own (an :class:`AdvisorySession`), and a lease row like any
 holder's, written on that same session once it has the advisory lock
 (:meth:`AdvisorySession.acquire`), so that a row is only ever written by a session that
-holds the lock at that moment. The
-server releases the advisory lock the moment the session ends — the holder's process
-exited or was killed, its connection was cut or terminated — so the next advisory
-contender gets it at once, and takes the row over at once with a higher fence, without
-waiting for the row to expire. The advisory lock gives mutual exclusion among advisory
-holders; the row gives the fence, the expiry a plain holder respects, and what
-``fleetcron locks`` shows.
+holds the lock at that moment. The server releases the advisory lock the moment the
+session ends — the holder's process exited or was killed, its connection was cut or
+terminated — so the next advisory contender gets it at once, and takes the row over at
+once with a higher fence, without waiting for the row to expire. The advisory lock gives
+mutual exclusion among advisory holders; the row gives the fence, the expiry a plain
+holder respects, and what ``fleetcron locks`` shows.
 
 - :func:`advisory_key` — a name's key: 64 bits of a keyed BLAKE2b of namespace and name.
   Two names whose keys collide only exclude each other (one waits while the other holds);
@@ -330,8 +329,9 @@ def _pooled(url: StoreURL) -> ConfigurationError:
         f"lock mode 'advisory' cannot work through {url.redacted}: a pooler there pools "
         "per transaction (PgBouncer pool_mode = transaction or statement; fleetcron doctor "
         "shows it), so a session advisory lock would stay on a server connection other "
-        "clients share. Give advisory locks a URL that reaches PostgreSQL directly or "
-        "through session pooling, or use lock mode 'lease', which works behind it"
+        "clients share. Where advisory locks are taken, use a backend URL that reaches "
+        "PostgreSQL directly or through session pooling, or use lock mode 'lease', which "
+        "works behind it"
     )
 
 
