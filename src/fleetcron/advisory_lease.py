@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,9 @@ async def grant_advisory(
     return record, sent, session
 
 
+_UNWATCH_WAIT_S = 10.0
+
+
 def _on(loop: asyncio.AbstractEventLoop) -> bool:
     try:
         return asyncio.get_running_loop() is loop
@@ -186,7 +190,9 @@ class AdvisoryLease(AsyncLease):
             done.set_result(None)
 
         loop.call_soon_threadsafe(unwatch)
-        done.result()
+        # A loop stopped meanwhile (its portal closed) never runs it; its selector is gone.
+        with contextlib.suppress(concurrent.futures.TimeoutError):
+            done.result(timeout=_UNWATCH_WAIT_S)
 
     def cancel_keepalive(self) -> None:
         super().cancel_keepalive()
