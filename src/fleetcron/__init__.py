@@ -24,13 +24,14 @@ from fleetcron.errors import (
 )
 from fleetcron.fleet import AsyncFleet
 from fleetcron.lease import AsyncLease, Lease
-from fleetcron.models import DefinitionConflict, LeaseRecord, RunRecord
+from fleetcron.models import AdvisoryHold, DefinitionConflict, LeaseRecord, RunRecord
 from fleetcron.queue import AsyncQueue, Claimed, Entry, Queue
 from fleetcron.queue_models import QueueItem, QueueStats
 from fleetcron.scheduler import AsyncScheduler
 from fleetcron.sync import Fleet, Scheduler
 
 __all__ = [
+    "AdvisoryHold",
     "AsyncFleet",
     "AsyncLease",
     "AsyncQueue",

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from fleetcron.errors import ConfigurationError
 from fleetcron.stores.base import Operation, SyncStore
 
-__all__ = ["Portal", "ThreadedAsyncStore", "call_on_loop", "run_inline"]
+__all__ = ["Portal", "ThreadedAsyncStore", "call_on_loop", "run_blocking", "run_inline"]
 
 T = TypeVar("T")
 
@@ -89,6 +89,15 @@ def run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
         _inline.active = outer
     coroutine.close()
     raise RuntimeError("an operation driven inline waited on the event loop")
+
+
+async def run_blocking(function: Callable[..., T], *args: Any) -> T:
+    """Call the blocking ``function(*args)``: in this thread under :func:`run_inline`
+    (the sync face's call, there and then), else in a worker thread, so that it never
+    blocks the event loop — what :class:`ThreadedAsyncStore` does for a store call."""
+    if getattr(_inline, "active", False):
+        return function(*args)
+    return await asyncio.to_thread(function, *args)
 
 
 class ThreadedAsyncStore:

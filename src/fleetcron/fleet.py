@@ -29,6 +29,7 @@ from typing import Any, ParamSpec, TypeVar
 from prometheus_client import make_asgi_app
 
 from fleetcron._log import log
+from fleetcron.advisory_lease import AdvisoryLease, advisory_holds, grant_advisory
 from fleetcron.cancel_request import (
     cancel_note,
     cancel_runs,
@@ -40,7 +41,7 @@ from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import DurationLike, to_micros
 from fleetcron.errors import ConfigurationError, LockBusy
 from fleetcron.jobspec import MAX_COUNT
-from fleetcron.lease import AsyncLease, Lease, LeaseTerms, new_holder
+from fleetcron.lease import AsyncLease, Lease, LeaseTerms, LockMode, new_holder
 from fleetcron.lock_terms import (
     DEFAULT_LOCK_AT_MOST,
     cached_terms,
@@ -51,7 +52,13 @@ from fleetcron.lock_terms import (
     wait_micros,
 )
 from fleetcron.metrics import Metrics
-from fleetcron.models import REPLICA_RETAIN_US, LeaseRecord, ReplicaRecord, RunRecord
+from fleetcron.models import (
+    REPLICA_RETAIN_US,
+    AdvisoryHold,
+    LeaseRecord,
+    ReplicaRecord,
+    RunRecord,
+)
 from fleetcron.names import resolve_namespace, validate_job_name, validate_name
 from fleetcron.queue import AsyncQueue, QueueSettings
 from fleetcron.registry import JobRegistry
@@ -194,7 +201,12 @@ class AsyncFleet(JobRegistry, Observed):
 
     # -- leases --------------------------------------------------------------------------
     def _terms(
-        self, name: str, lock_at_most: DurationLike, lock_at_least: DurationLike, keepalive: bool
+        self,
+        name: str,
+        lock_at_most: DurationLike,
+        lock_at_least: DurationLike,
+        keepalive: bool,
+        mode: LockMode = "lease",
     ) -> LeaseTerms:
         return cached_terms(
             self.namespace,
@@ -202,6 +214,7 @@ class AsyncFleet(JobRegistry, Observed):
             lock_at_most=lock_at_most,
             lock_at_least=lock_at_least,
             keepalive=keepalive,
+            mode=mode,
         )
 
     async def _grant(self, terms: LeaseTerms) -> tuple[LeaseRecord, int] | None:
@@ -220,6 +233,8 @@ class AsyncFleet(JobRegistry, Observed):
         return None if record is None else (record, sent)
 
     async def _acquire(self, terms: LeaseTerms) -> AsyncLease | None:
+        if terms.mode == "advisory":
+            return await self._acquire_advisory(terms)
         granted = await self._grant(terms)
         if granted is None:
             return None
@@ -227,6 +242,18 @@ class AsyncFleet(JobRegistry, Observed):
         lease = AsyncLease(self.store, terms, record, sent_us=sent, clock=self.clock)
         if terms.keepalive:
             lease.start_keepalive()
+        log_acquired(lease)
+        return lease
+
+    async def _acquire_advisory(self, terms: LeaseTerms) -> AsyncLease | None:
+        advisory = await grant_advisory(self.store, terms, self.clock)
+        if advisory is None:
+            return None
+        record, sent, session = advisory
+        lease = AdvisoryLease(
+            self.store, terms, record, sent_us=sent, clock=self.clock, session=session
+        )
+        lease.start_keepalive()  # watches the session whether or not it renews
         log_acquired(lease)
         return lease
 
@@ -238,13 +265,17 @@ class AsyncFleet(JobRegistry, Observed):
         lock_at_least: DurationLike = 0,
         keepalive: bool = True,
         wait: DurationLike | None = None,
+        mode: LockMode = "lease",
     ) -> AsyncLease | None:
         """Take the lease ``name`` or return ``None`` when another holder has it.
 
         With ``wait``, retry (with jittered back-off) for up to that long first.
         Contention is never an error here; store failures raise ``StoreError``.
+        ``mode="advisory"`` (PostgreSQL only, else a ``ConfigurationError``) also holds
+        a session advisory lock, which frees the name the moment this process or its
+        connection dies (:mod:`fleetcron.advisory_lease`).
         """
-        terms = self._terms(name, lock_at_most, lock_at_least, keepalive)
+        terms = self._terms(name, lock_at_most, lock_at_least, keepalive, mode)
         return await retrying(self._acquire, terms, wait_micros(wait), self.clock, asyncio.sleep)
 
     async def lock(
@@ -255,15 +286,18 @@ class AsyncFleet(JobRegistry, Observed):
         lock_at_least: DurationLike = 0,
         keepalive: bool = True,
         wait: DurationLike | None = None,
+        mode: LockMode = "lease",
     ) -> AsyncLease:
         """Take the lease ``name`` or raise :class:`~fleetcron.errors.LockBusy`:
-        ``async with await fleet.lock(...)`` releases on exit."""
+        ``async with await fleet.lock(...)`` releases on exit. ``mode``: as for
+        :meth:`try_lock`."""
         lease = await self.try_lock(
             name,
             lock_at_most=lock_at_most,
             lock_at_least=lock_at_least,
             keepalive=keepalive,
             wait=wait,
+            mode=mode,
         )
         if lease is None:
             raise await self._busy(name)
@@ -303,6 +337,17 @@ class AsyncFleet(JobRegistry, Observed):
         """Every lease row of this namespace (held or not), by name — without the
         monitor's alert markers, which lock nothing."""
         return shown_leases(await self.store.run(self.store.ops.lease_list(self.namespace)))
+
+    async def advisory_locks(self, names: Sequence[str] | None = None) -> list[AdvisoryHold]:
+        """The session advisory locks (lock mode ``advisory``) held now on ``names`` (by
+        default the names of this namespace's lease rows), each with its session (server
+        pid, client address, ``application_name``, since when), by name; none on a store
+        other than PostgreSQL."""
+
+        async def leases() -> list[str]:
+            return [record.name for record in await self.locks()]
+
+        return await advisory_holds(self.store, self.namespace, leases if names is None else names)
 
     async def get(self, name: str) -> LeaseRecord | None:
         """The lease row of ``name``, or ``None`` if it never existed."""
@@ -496,7 +541,7 @@ class AsyncFleet(JobRegistry, Observed):
 
 def locked_terms(namespace: str, name: str, options: dict[str, Any]) -> LeaseTerms:
     """The terms of a ``locked`` decorator: only the lease's options are accepted."""
-    unknown = set(options) - {"lock_at_most", "lock_at_least", "keepalive"}
+    unknown = set(options) - {"lock_at_most", "lock_at_least", "keepalive", "mode"}
     if unknown:
         raise ConfigurationError(f"locked(): unknown option(s) {', '.join(sorted(unknown))}")
     return lease_terms(
@@ -505,6 +550,7 @@ def locked_terms(namespace: str, name: str, options: dict[str, Any]) -> LeaseTer
         lock_at_most=options.get("lock_at_most", DEFAULT_LOCK_AT_MOST),
         lock_at_least=options.get("lock_at_least", 0),
         keepalive=options.get("keepalive", True),
+        mode=options.get("mode", "lease"),
     )
 
 

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from fleetcron._log import log
 from fleetcron.bridge import Portal, ThreadedAsyncStore, run_inline
@@ -55,6 +55,7 @@ __all__ = [
     "AsyncLease",
     "Lease",
     "LeaseTerms",
+    "LockMode",
     "PortalSource",
     "new_holder",
     "safety_margin_us",
@@ -70,15 +71,23 @@ def new_holder() -> str:
     return f"{_HOST}:{os.getpid()}:{secrets.token_hex(10)}"
 
 
+LockMode = Literal["lease", "advisory"]
+"""How a lock is held: ``lease`` (a lease row in the store, every backend) or ``advisory``
+(PostgreSQL: a session advisory lock on a connection of its own as well, released by the
+server the moment the holder's session ends: :mod:`fleetcron.advisory_lease`)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseTerms:
-    """What was asked for: namespace, name, lengths (µs) and the keepalive choice."""
+    """What was asked for: namespace, name, lengths (µs), the keepalive choice and the
+    lock mode."""
 
     namespace: str
     name: str
     lock_at_most_us: int
     lock_at_least_us: int
     keepalive: bool
+    mode: LockMode = "lease"
 
 
 class AsyncLease:

@@ -1,6 +1,6 @@
-"""What a lock request is, checked before any store is touched: its terms (lengths and
-keepalive, validated), how long and how a ``wait`` retries, and the log records of taking
-a lock or finding it held."""
+"""What a lock request is, checked before any store is touched: its terms (lengths,
+keepalive and lock mode, validated), how long and how a ``wait`` retries, and the log
+records of taking a lock or finding it held."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from fleetcron._log import log
 from fleetcron.durations import DurationLike, to_micros
 from fleetcron.errors import ConfigurationError
 from fleetcron.keepalive import backoff_s
-from fleetcron.lease import AsyncLease, Lease, LeaseTerms
+from fleetcron.lease import AsyncLease, Lease, LeaseTerms, LockMode
 from fleetcron.names import validate_name
 
 __all__ = [
     "DEFAULT_LOCK_AT_MOST",
+    "LOCK_MODES",
     "cached_terms",
     "lease_terms",
     "log_acquired",
@@ -26,6 +27,8 @@ __all__ = [
 
 DEFAULT_LOCK_AT_MOST = "10m"
 _MIN_LOCK_AT_MOST_US = 100_000
+LOCK_MODES: tuple[LockMode, ...] = ("lease", "advisory")
+"""The lock modes, the default first (:data:`~fleetcron.lease.LockMode`)."""
 
 
 def lease_terms(
@@ -35,8 +38,13 @@ def lease_terms(
     lock_at_most: DurationLike,
     lock_at_least: DurationLike,
     keepalive: bool,
+    mode: str = "lease",
 ) -> LeaseTerms:
     """Validate a lock request; every problem is a :class:`ConfigurationError`."""
+    if mode not in LOCK_MODES:
+        raise ConfigurationError(
+            f"lock mode must be one of {', '.join(map(repr, LOCK_MODES))}, got {mode!r}"
+        )
     most = to_micros(lock_at_most, what="lock_at_most")
     least = to_micros(lock_at_least, what="lock_at_least")
     if most <= 0:
@@ -55,6 +63,7 @@ def lease_terms(
         lock_at_most_us=most,
         lock_at_least_us=least,
         keepalive=keepalive,
+        mode="advisory" if mode == "advisory" else "lease",
     )
 
 
@@ -68,6 +77,7 @@ def cached_terms(
     lock_at_most: DurationLike,
     lock_at_least: DurationLike,
     keepalive: bool,
+    mode: str = "lease",
 ) -> LeaseTerms:
     """:func:`lease_terms`, memoised: a hot loop of ``try_lock`` parses nothing twice."""
     try:
@@ -77,6 +87,7 @@ def cached_terms(
             lock_at_most=lock_at_most,
             lock_at_least=lock_at_least,
             keepalive=keepalive,
+            mode=mode,
         )
     except TypeError:  # an unhashable argument: let validation say what is wrong
         return lease_terms(
@@ -85,6 +96,7 @@ def cached_terms(
             lock_at_most=lock_at_most,
             lock_at_least=lock_at_least,
             keepalive=keepalive,
+            mode=mode,
         )
 
 

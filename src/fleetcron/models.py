@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 __all__ = [
+    "ADVISORY_TOKEN",
     "CLAIM_STATUSES",
     "FINAL_STATES",
     "LEADER_LEASE",
@@ -15,6 +16,7 @@ __all__ = [
     "REPLICA_RETAIN_US",
     "RUN_STATES",
     "TRIGGERS",
+    "AdvisoryHold",
     "ClaimResult",
     "DefinitionConflict",
     "JobRecord",
@@ -27,6 +29,7 @@ __all__ = [
     "RunRecord",
     "SlotClaim",
     "display_holder",
+    "is_advisory_holder",
     "job_lease_name",
     "micros_to_datetime",
 ]
@@ -76,6 +79,45 @@ class LeaseRecord:
     def holder_display(self) -> str:
         """``host:pid`` without the secret per-acquisition token."""
         return display_holder(self.holder)
+
+    @property
+    def mode(self) -> str:
+        """The lock mode of the holder that wrote the row: ``advisory`` or ``lease``."""
+        return "advisory" if is_advisory_holder(self.holder) else "lease"
+
+
+ADVISORY_TOKEN = "advisory."
+"""How the token of a holder in lock mode ``advisory`` starts (``host:pid:advisory.<hex>``;
+the SQL that takes such a row over matches the same)."""
+
+
+def is_advisory_holder(holder: str) -> bool:
+    """Whether a lease row's ``holder`` was written by a holder in lock mode ``advisory``."""
+    return holder.rpartition(":")[2].startswith(ADVISORY_TOKEN)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdvisoryHold:
+    """A session advisory lock held now on a lock name's key (lock mode ``advisory``,
+    PostgreSQL), and its session: the server process (``pid``), the client's address
+    (``None`` over a Unix socket, or when the reader may not see it), its
+    ``application_name``, when the session started and when it took the lock
+    (``held_since_us``: its last change of state). Times are the store's clock, µs since
+    the epoch; ``now_us`` when read."""
+
+    name: str
+    key: int
+    pid: int
+    client_addr: str | None
+    application_name: str | None
+    backend_start_us: int | None
+    held_since_us: int | None
+    now_us: int
+
+    @property
+    def held_for_us(self) -> int | None:
+        """How long the lock has been held, as far as the server tells."""
+        return None if self.held_since_us is None else self.now_us - self.held_since_us
 
 
 RUN_STATES = (

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
+from fleetcron.advisory_lease import SyncAdvisoryLease, grant_advisory
 from fleetcron.bridge import Portal, ThreadedAsyncStore, run_inline
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.durations import DurationLike
@@ -34,10 +35,16 @@ from fleetcron.fleet import (
     retrying,
 )
 from fleetcron.jobspec import JobSpec
-from fleetcron.lease import Lease, LeaseTerms
+from fleetcron.lease import Lease, LeaseTerms, LockMode
 from fleetcron.lock_terms import DEFAULT_LOCK_AT_MOST, log_acquired, log_skipped, wait_micros
 from fleetcron.metrics import Metrics
-from fleetcron.models import DefinitionConflict, LeaseRecord, ReplicaRecord, RunRecord
+from fleetcron.models import (
+    AdvisoryHold,
+    DefinitionConflict,
+    LeaseRecord,
+    ReplicaRecord,
+    RunRecord,
+)
 from fleetcron.names import resolve_namespace
 from fleetcron.queue import Queue
 from fleetcron.registry import JobRegistry
@@ -204,6 +211,8 @@ class Fleet(JobRegistry, Observed):
 
     # -- leases --------------------------------------------------------------------------
     def _acquire(self, terms: LeaseTerms) -> Lease | None:
+        if terms.mode == "advisory":
+            return self._acquire_advisory(terms)
         granted = run_inline(self._core._grant(terms))
         if granted is None:
             return None
@@ -213,6 +222,24 @@ class Fleet(JobRegistry, Observed):
         )
         if terms.keepalive:
             lease.start_keepalive()
+        log_acquired(lease)
+        return lease
+
+    def _acquire_advisory(self, terms: LeaseTerms) -> Lease | None:
+        advisory = run_inline(grant_advisory(self._core.store, terms, self.clock))
+        if advisory is None:
+            return None
+        record, sent, session = advisory
+        lease = SyncAdvisoryLease(
+            self.store,
+            terms,
+            record,
+            sent_us=sent,
+            clock=self.clock,
+            session=session,
+            portal=self._keepalives,
+        )
+        lease.start_keepalive()  # watches the session whether or not it renews
         log_acquired(lease)
         return lease
 
@@ -227,10 +254,13 @@ class Fleet(JobRegistry, Observed):
         lock_at_least: DurationLike = 0,
         keepalive: bool = True,
         wait: DurationLike | None = None,
+        mode: LockMode = "lease",
     ) -> Lease | None:
         """Sync :meth:`AsyncFleet.try_lock`: a :class:`~fleetcron.lease.Lease`, or
-        ``None`` when another holder has it (after ``wait``, if given)."""
-        terms = self._core._terms(name, lock_at_most, lock_at_least, keepalive)
+        ``None`` when another holder has it (after ``wait``, if given). ``mode="advisory"``
+        (PostgreSQL): the name is free again the moment this process or its connection
+        dies (:mod:`fleetcron.advisory_lease`)."""
+        terms = self._core._terms(name, lock_at_most, lock_at_least, keepalive, mode)
         wait_us = wait_micros(wait)
         if wait_us <= 0:
             # One try, as retrying's first with nothing left to wait: without its
@@ -251,6 +281,7 @@ class Fleet(JobRegistry, Observed):
         lock_at_least: DurationLike = 0,
         keepalive: bool = True,
         wait: DurationLike | None = None,
+        mode: LockMode = "lease",
     ) -> Lease:
         """Sync :meth:`AsyncFleet.lock`: the returned :class:`~fleetcron.lease.Lease` is a
         context manager that releases on exit; :class:`~fleetcron.errors.LockBusy` when
@@ -261,6 +292,7 @@ class Fleet(JobRegistry, Observed):
             lock_at_least=lock_at_least,
             keepalive=keepalive,
             wait=wait,
+            mode=mode,
         )
         if lease is None:
             raise run_inline(self._core._busy(name))
@@ -320,6 +352,10 @@ class Fleet(JobRegistry, Observed):
     def locks(self) -> list[LeaseRecord]:
         """Sync :meth:`AsyncFleet.locks`."""
         return run_inline(self._core.locks())
+
+    def advisory_locks(self, names: Sequence[str] | None = None) -> list[AdvisoryHold]:
+        """Sync :meth:`AsyncFleet.advisory_locks`."""
+        return run_inline(self._core.advisory_locks(names))
 
     def get(self, name: str) -> LeaseRecord | None:
         """Sync :meth:`AsyncFleet.get`."""

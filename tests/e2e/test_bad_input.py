@@ -39,6 +39,12 @@ EXEC_CASES = [
     (["--skipped-exit-code", "300"], "between 0 and 255"),
     (["--skipped-exit-code", "abc"], "invalid int value: 'abc'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--lock-mode", "flock"], "invalid choice: 'flock' (choose from 'lease', 'advisory')"),
+    (["--lock-mode", "advisory"], "lock mode 'advisory' needs a PostgreSQL store"),
+    (
+        ["--lock-mode", "advisory", "--schedule", "* * * * *"],
+        "--lock-mode advisory cannot be used with --schedule",
+    ),
 ]
 
 

@@ -61,7 +61,7 @@ from fleetcron.cli.exec import ExecOptions, run_exec
 from fleetcron.clock import Clock
 from fleetcron.durations import DurationLike
 from fleetcron.keepalive import effective_grace_us
-from fleetcron.lease import Lease
+from fleetcron.lease import Lease, LockMode
 
 __all__ = [
     "CLIENT_OFFSET_S",
@@ -690,6 +690,7 @@ class _LoggingFleet(Fleet):
         lock_at_least: DurationLike = 0,
         keepalive: bool = True,
         wait: DurationLike | None = None,
+        mode: LockMode = "lease",
     ) -> Lease | None:
         self.writer.log("acquire_invoke", name)
         lease = super().try_lock(
@@ -698,6 +699,7 @@ class _LoggingFleet(Fleet):
             lock_at_least=lock_at_least,
             keepalive=keepalive,
             wait=wait,
+            mode=mode,
         )
         if lease is None:
             self.writer.log("acquire_refused", name)

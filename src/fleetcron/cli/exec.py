@@ -56,6 +56,7 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
         lock_at_least=options.lock_at_least,
         keepalive=options.keepalive,
         wait=options.wait,
+        mode="advisory" if options.lock_mode == "advisory" else "lease",
     )
     if lease is None:
         log.info(

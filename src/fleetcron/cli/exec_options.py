@@ -31,6 +31,7 @@ class ExecOptions:
     ping_url: str | None = None
     grace_us: int | None = None  # --grace (only with --schedule)
     stuck_after_us: int | None = None  # --stuck-after (only with --schedule)
+    lock_mode: str = "lease"  # --lock-mode
 
 
 def option_micros(value: str, option: str, *, positive: bool) -> int:
@@ -90,6 +91,14 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
     if getattr(args, "schedule", None) is not None:
         # With --schedule the name is a job's too: its lease name must fit the store.
         validate_job_name(args.name)
+    lock_mode: str = getattr(args, "lock_mode", "lease")
+    if lock_mode == "advisory" and getattr(args, "schedule", None) is not None:
+        # A slot is run again only once its holder's lease has expired (the run ledger
+        # decides it, not the lock): an advisory lock would change nothing there.
+        raise ConfigurationError(
+            "--lock-mode advisory cannot be used with --schedule: a slot whose holder died "
+            "is run again once its lease has expired, whatever the lock mode"
+        )
     judged: dict[str, int | None] = {}
     for option in ("--grace", "--stuck-after"):
         value: str | None = getattr(args, option[2:].replace("-", "_"), None)
@@ -113,4 +122,5 @@ def exec_options(args: argparse.Namespace, command: list[str]) -> ExecOptions:
         ping_url=ping_url,
         grace_us=judged["--grace"],
         stuck_after_us=judged["--stuck-after"],
+        lock_mode=lock_mode,
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -18,7 +17,15 @@ from typing import NoReturn
 
 from fleetcron._log import LOG_FORMATS, JsonFormatter, TextFormatter
 from fleetcron._version import __version__
-from fleetcron.cli import cancel_cmd, doctor_cmd, next_cmd, scheduler_cmds, status_cmd, web_cmd
+from fleetcron.cli import (
+    cancel_cmd,
+    doctor_cmd,
+    locks_cmd,
+    next_cmd,
+    scheduler_cmds,
+    status_cmd,
+    web_cmd,
+)
 from fleetcron.cli.exitcodes import (
     EXIT_INTERNAL,
     EXIT_STORE_REFUSED,
@@ -37,11 +44,9 @@ from fleetcron.errors import (
 )
 from fleetcron.job_options import check_job_name
 from fleetcron.jobspec import MAX_COUNT
-from fleetcron.lock_terms import DEFAULT_LOCK_AT_MOST
-from fleetcron.models import LeaseRecord
+from fleetcron.lock_terms import DEFAULT_LOCK_AT_MOST, LOCK_MODES
 from fleetcron.names import resolve_namespace, validate_namespace
 from fleetcron.scheduling.retention import COUNT_LIMIT
-from fleetcron.status import shown_leases
 from fleetcron.stores import (
     open_existing_store,
     open_store,
@@ -195,6 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not renew; the command is killed when --lock-at-most elapses",
     )
+    exec_.add_argument(
+        "--lock-mode",
+        choices=LOCK_MODES,
+        default=LOCK_MODES[0],
+        help="lease (default): if this host dies, another runs NAME once --lock-at-most "
+        "has passed; advisory (PostgreSQL, not with --schedule): a session advisory lock "
+        "too, so another runs NAME the moment this process or its connection dies",
+    )
     exec_.add_argument("--timeout", metavar="D", help="kill the command after D (exit 124)")
     exec_.add_argument("--wait", metavar="D", help="wait up to D for the lease instead of skipping")
     exec_.add_argument(
@@ -279,46 +292,6 @@ def _fleet(args: argparse.Namespace) -> Iterator[Fleet]:
             yield fleet
     finally:
         store.close()
-
-
-def _print_locks(records: list[LeaseRecord], as_json: bool) -> None:
-    records = shown_leases(records)  # the monitor's alert markers lock nothing
-    if as_json:
-        rows = [
-            {
-                "name": r.name,
-                "holder": r.holder_display,
-                "fence": r.fence,
-                "held": r.held,
-                "acquired_at": r.acquired_at.isoformat(),
-                "expires_at": r.expires_at.isoformat(),
-                "held_for_s": round((r.now_us - r.acquired_us) / 1e6, 3) if r.held else None,
-                "expires_in_s": round((r.expires_us - r.now_us) / 1e6, 3) if r.held else None,
-            }
-            for r in records
-        ]
-        print(json.dumps(rows, indent=2))  # noqa: T201
-        return
-    if not records:
-        print("no leases")  # noqa: T201
-        return
-    header = ("NAME", "STATE", "HOLDER", "FENCE", "HELD FOR", "EXPIRES IN")
-    table = [header]
-    for r in records:
-        held = r.held
-        table.append(
-            (
-                r.name,
-                "held" if held else "free",
-                r.holder_display if held else "-",
-                str(r.fence),
-                format_duration(r.now_us - r.acquired_us) if held else "-",
-                format_duration(r.expires_us - r.now_us) if held else "-",
-            )
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())  # noqa: T201
 
 
 _PRUNE_DESCRIPTION = """\
@@ -448,7 +421,12 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
             lock_at_most=options.lock_at_most,
             lock_at_least=options.lock_at_least,
             keepalive=options.keepalive,
+            mode=options.lock_mode,
         )  # validate before connecting
+        if options.lock_mode == "advisory" and url.kind != "postgres":
+            from fleetcron.advisory_lease import advisory_refusal
+
+            raise advisory_refusal(url.redacted)
         if args.timezone is not None and args.schedule is None:
             raise ConfigurationError("--timezone needs --schedule")
         if args.schedule is not None:
@@ -464,7 +442,7 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         raise ConfigurationError(f"unexpected arguments after '--': {' '.join(command)}")
     if args.command == "locks":
         with _fleet(args) as fleet:
-            _print_locks(fleet.locks(), args.json)
+            locks_cmd.print_locks(fleet, args.json)
         return 0
     if args.command == "prune":
         return _prune(args)

@@ -77,6 +77,8 @@ def _findings(pooling: PoolingFacts | None, error: str | None) -> list[Finding]:
         "fleetcron works behind it: every statement is its own transaction and nothing is "
         "kept in the session; tools built on session advisory locks, SET or LISTEN would not"
     )
+    if mode == "transaction":
+        works += " (fleetcron's lock mode 'advisory' is one: it is refused there)"
     if mode == "none":
         return [
             Finding(

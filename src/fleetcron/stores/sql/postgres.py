@@ -58,6 +58,7 @@ __all__ = [
     "PostgresOperations",
     "PostgresStore",
     "check_conninfo",
+    "connect_kwargs",
     "open_async",
     "open_sync",
 ]
@@ -107,7 +108,8 @@ def _prepare(sql: str) -> bool | None:
 _RETRIES = 8  # tries of a single statement refused by serialization or a deadlock
 
 
-def _connect_kwargs(url: StoreURL) -> dict[str, Any]:
+def connect_kwargs(url: StoreURL) -> dict[str, Any]:
+    """psycopg's connection parameters for ``url`` (a store's and an advisory session's)."""
     return {
         "autocommit": True,
         # Server-side prepared statements (psycopg's default: after 5 runs) spare the server
@@ -286,7 +288,7 @@ class PostgresStore(SqlSyncStore):
         return PostgresOperations()
 
     def _connect(self) -> Any:
-        conn = psycopg.connect(self._url.driver_url, **_connect_kwargs(self._url))
+        conn = psycopg.connect(self._url.driver_url, **connect_kwargs(self._url))
         try:
             row = conn.execute(_DEFAULT_ISOLATION, prepare=False).fetchone()
         except BaseException:
@@ -467,7 +469,7 @@ class AsyncPostgresStore(AsyncSqlStore):
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self._url.driver_url, **_connect_kwargs(self._url)
+                self._url.driver_url, **connect_kwargs(self._url)
             )
         except psycopg.Error as exc:
             raise connect_error(self.url, self._translate(exc)) from exc

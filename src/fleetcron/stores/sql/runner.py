@@ -94,6 +94,12 @@ class SqlSyncStore(ABC):
         if auto_migrate:
             self.ensure_schema()
 
+    @property
+    def store_url(self) -> StoreURL:
+        """The parsed URL, credentials included: for a connection of a caller's own to the
+        same server (an advisory lock's session, :mod:`fleetcron.stores.sql.advisory`)."""
+        return self._url
+
     # -- what a dialect supplies -------------------------------------------------------
     @abstractmethod
     def _operations(self) -> Operations:
@@ -276,6 +282,12 @@ class AsyncSqlStore(ABC):
         self._latest = max(m.version for m in load_migrations(self.dialect))
         self._lock = asyncio.Lock()
         self._conn: Any = None
+
+    @property
+    def store_url(self) -> StoreURL:
+        """The parsed URL, credentials included: for a connection of a caller's own to the
+        same server (an advisory lock's session, :mod:`fleetcron.stores.sql.advisory`)."""
+        return self._url
 
     # -- what a dialect supplies -----------------------------------------------------------
     @abstractmethod

@@ -72,6 +72,103 @@ DELETE FROM fleetcron_lease AS l USING now
    AND l.fence < (extract(epoch FROM now.t) * 1000000)::bigint + fleetcron_timeline_offset_us()
 RETURNING l.name;
 
+-- ---------------------------------------------------------------------------------------
+-- Lock mode 'advisory' (fleetcron.stores.sql.advisory, docs/design/leases.md): the holder
+-- holds the session advisory lock of the name's 64-bit key on a connection of its own, and
+-- a lease row as any holder. An advisory holder's mark is its token:
+-- host:pid:advisory.<hex>.
+
+-- name: lease_acquire_advisory
+-- Sent on the advisory session once it has the lock (so a session that has lost it cannot
+-- write the row any more): lease_acquire's rules, and a live row another
+-- advisory holder wrote is taken over at once, past its min_until (lock_at_least) — that
+-- holder's session has ended, or this one would not have the advisory lock. Only a row
+-- written since this server started and on its timeline, though: a restart or a promoted
+-- standby forgets every advisory lock while a holder cut off from it may not know yet, so
+-- such a row is waited out as a plain one. (On the current timeline a fence is at least the
+-- acquisition's clock plus the timeline's offset: migration 16.) A plain holder's row is
+-- respected until it expires. One row (fence, store now) when taken.
+WITH now AS (SELECT clock_timestamp() AS t)
+INSERT INTO fleetcron_lease AS l
+    (namespace, name, holder, fence, acquired_at, expires_at, min_until)
+SELECT %(namespace)s, %(name)s, %(holder)s,
+       (extract(epoch FROM now.t) * 1000000)::bigint + fleetcron_timeline_offset_us(), now.t,
+       now.t + %(ttl_us)s * interval '1 microsecond',
+       now.t + %(least_us)s * interval '1 microsecond'
+  FROM now
+ON CONFLICT (namespace, name) DO UPDATE
+   SET holder = excluded.holder,
+       fence = greatest(l.fence + 1, excluded.fence),
+       acquired_at = excluded.acquired_at,
+       expires_at = excluded.expires_at,
+       min_until = excluded.min_until
+ WHERE l.expires_at <= excluded.acquired_at
+    OR (l.holder ~ ':advisory\.[0-9a-f]+$' AND l.min_until <= excluded.acquired_at
+        AND l.acquired_at >= pg_postmaster_start_time()
+        AND l.fence - (extract(epoch FROM l.acquired_at) * 1000000)::bigint
+            >= fleetcron_timeline_offset_us())
+RETURNING l.fence, (extract(epoch FROM l.acquired_at) * 1000000)::bigint AS now_us;
+
+-- name: advisory_held
+-- The monitoring read: the session advisory locks of these keys granted now in this
+-- database, with their sessions (pg_locks joined with pg_stat_activity). A bigint key is
+-- classid (its high 32 bits) and objid (its low 32 bits) with objsubid 1. held_since_us is
+-- the session's last change of state: an advisory session sends nothing once it has its
+-- lock and has written its lease row, so that is when it took them. A role without pg_read_all_stats sees another role's
+-- sessions without their client address and times (NULL).
+SELECT ((l.classid::bigint << 32) | l.objid::bigint) AS key, l.pid,
+       host(a.client_addr) AS client_addr, a.application_name,
+       (extract(epoch FROM a.backend_start) * 1000000)::bigint AS backend_start_us,
+       (extract(epoch FROM a.state_change) * 1000000)::bigint AS held_since_us,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
+  FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
+ ORDER BY l.pid;
+
+-- name: advisory_session_pid
+-- On the advisory session: the server process it runs in, to compare with the one
+-- announced at connect (a pooler announces one of its own).
+SELECT pg_backend_pid();
+
+-- name: advisory_try_lock
+-- On the advisory session: its lock, without waiting, and the server's TCP keepalives for
+-- the session (20 s idle, then 3 probes 5 s apart), so that a host that vanishes without
+-- closing its connection has its lock released within about 35 s, not the system's two
+-- hours — and after the holder has seen its own side of the connection fail (the client's
+-- keepalives give up within about 25 s: fleetcron.stores.sql.postgres). Ignored on a Unix
+-- socket.
+SELECT pg_try_advisory_lock(%(key)s::bigint) AS got, pg_backend_pid() AS pid,
+       set_config('tcp_keepalives_idle', '20', false),
+       set_config('tcp_keepalives_interval', '5', false),
+       set_config('tcp_keepalives_count', '3', false);
+
+-- name: advisory_end_stale
+-- On a contender's session, the advisory lock being busy: end the session that holds it
+-- when the name's lease row has expired by the store's clock and that session is a
+-- fleetcron advisory session of this very name (application_name) that took the lock
+-- before the row expired. Its holder is frozen or hung (stopped, paused, starved): its
+-- local deadline has passed, so it trusts its lease no more, and its idle session would
+-- hold advisory contenders off for as long as its kernel answers. A session of another
+-- name or application (a colliding key) is never ended, nor one whose state this role may
+-- not see (state_change NULL). The number of sessions ended.
+SELECT count(*) FROM (
+    SELECT pg_terminate_backend(l.pid) AS ended
+      FROM pg_locks AS l
+      JOIN pg_stat_activity AS a ON a.pid = l.pid
+      JOIN fleetcron_lease AS r ON r.namespace = %(namespace)s AND r.name = %(name)s
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND ((l.classid::bigint << 32) | l.objid::bigint) = %(key)s::bigint
+       AND a.application_name = %(application_name)s
+       AND r.expires_at <= clock_timestamp()
+       AND a.state_change < r.expires_at
+) AS s WHERE s.ended;
+
+-- name: advisory_unlock
+SELECT pg_advisory_unlock(%(key)s::bigint);
+
 -- name: schema_init
 CREATE TABLE IF NOT EXISTS fleetcron_schema (
     version    integer     PRIMARY KEY,
