@@ -3,7 +3,7 @@ lock on a connection of its own, so that the lock is free again the moment the h
 process or connection dies — not ``lock_at_most`` later.
 
 Acquire (:func:`grant_advisory`): open the holder's session and try the advisory lock of
-the name (:class:`~fleetcron.stores.sql.advisory.AdvisorySession`); when another session
+the name (:class:`~fleetcron.stores.sql.advisory.AdvisorySessionLike`); when another session
 has it, the lock is held (unless that session's holder is frozen past its lease's expiry:
 then its session is ended). With it, write the lease row on that session (fence
 strictly greater than every one before, expiry ``lock_at_most``), taking over at once a
@@ -30,18 +30,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fleetcron.bridge import ThreadedAsyncStore, run_blocking
 from fleetcron.clock import Clock
 from fleetcron.errors import ConfigurationError
 from fleetcron.lease import AsyncLease, Lease, LeaseTerms, PortalSource, new_holder
 from fleetcron.models import AdvisoryHold, LeaseRecord
+from fleetcron.stores.advisory_api import AdvisorySessionLike, advisory_locks_of
 from fleetcron.stores.base import AsyncStore, SyncStore
-
-if TYPE_CHECKING:
-    from fleetcron.stores.sql.advisory import AdvisorySession
-    from fleetcron.stores.url import StoreURL
 
 __all__ = [
     "AdvisoryLease",
@@ -61,42 +58,32 @@ def advisory_refusal(store: str) -> ConfigurationError:
     )
 
 
-def _postgres_url(store: AsyncStore) -> StoreURL | None:
-    """The URL of the PostgreSQL server behind ``store``; ``None`` when it is not one."""
-    inner: Any = store.sync if isinstance(store, ThreadedAsyncStore) else store
-    url: StoreURL | None = getattr(inner, "store_url", None)
-    return url if getattr(inner, "dialect", None) == "postgres" else None
-
-
 async def advisory_holds(
     store: AsyncStore,
     namespace: str,
     names: Sequence[str] | Callable[[], Awaitable[Sequence[str]]],
 ) -> list[AdvisoryHold]:
     """The session advisory locks held now on the keys of ``names`` (or of the names
-    ``names()`` reads), by name, then session; none on a store other than PostgreSQL,
+    ``names()`` reads), by name, then session; none on a store without advisory locks,
     where nothing is read."""
-    if _postgres_url(store) is None:
+    locks = advisory_locks_of(store)
+    if locks is None:
         return []
-    from fleetcron.stores.sql.advisory import advisory_held
-
     listed = await names() if callable(names) else names
-    return await store.run(advisory_held(namespace, listed))
+    return await store.run(locks.held(namespace, listed))
 
 
 async def grant_advisory(
     store: AsyncStore, terms: LeaseTerms, clock: Clock
-) -> tuple[LeaseRecord, int, AdvisorySession] | None:
+) -> tuple[LeaseRecord, int, AdvisorySessionLike] | None:
     """One advisory acquisition: the lease granted, when its row's request was sent (its
     local deadline counts from then) and the session holding the advisory lock; ``None``
     when another holder has the name. Over a sync store under
     :func:`~fleetcron.bridge.run_inline` it never suspends."""
-    url = _postgres_url(store)
-    if url is None:
+    locks = advisory_locks_of(store)
+    if locks is None:
         raise advisory_refusal(store.url)
-    from fleetcron.stores.sql.advisory import AdvisorySession, mark_advisory
-
-    session = await run_blocking(AdvisorySession.open, url, terms.namespace, terms.name)
+    session = await run_blocking(locks.open, terms.namespace, terms.name)
     if session is None:
         return None
     try:
@@ -105,7 +92,7 @@ async def grant_advisory(
             session.acquire,
             terms.namespace,
             terms.name,
-            mark_advisory(new_holder()),
+            locks.mark(new_holder()),
             terms.lock_at_most_us,
             terms.lock_at_least_us,
         )
@@ -140,7 +127,7 @@ class AdvisoryLease(AsyncLease):
         *,
         sent_us: int,
         clock: Clock,
-        session: AdvisorySession,
+        session: AdvisorySessionLike,
     ) -> None:
         super().__init__(store, terms, record, sent_us=sent_us, clock=clock)
         self.session = session
@@ -228,7 +215,7 @@ class SyncAdvisoryLease(Lease):
         *,
         sent_us: int,
         clock: Clock,
-        session: AdvisorySession,
+        session: AdvisorySessionLike,
         interrupt_thread: bool = True,
         portal: PortalSource | None = None,
     ) -> None:
@@ -249,7 +236,7 @@ class SyncAdvisoryLease(Lease):
         return AdvisoryLease(store, terms, record, session=self._session, **kw)
 
     @property
-    def session(self) -> AdvisorySession:
+    def session(self) -> AdvisorySessionLike:
         """The connection that holds the advisory lock."""
         return self._session
 

@@ -58,6 +58,7 @@ from fleetcron.stores.url import StoreURL
 
 __all__ = [
     "AdvisorySession",
+    "PostgresAdvisoryLocks",
     "advisory_held",
     "advisory_key",
     "mark_advisory",
@@ -338,3 +339,20 @@ def _pooled(url: StoreURL) -> ConfigurationError:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+class PostgresAdvisoryLocks:
+    """The session advisory locks of one PostgreSQL server
+    (:class:`~fleetcron.stores.advisory_api.AdvisoryLocks`)."""
+
+    def __init__(self, url: StoreURL) -> None:
+        self._url = url
+
+    def open(self, namespace: str, name: str) -> AdvisorySession | None:
+        return AdvisorySession.open(self._url, namespace, name)
+
+    def held(self, namespace: str, names: Sequence[str]) -> Operation[list[AdvisoryHold]]:
+        return advisory_held(namespace, names)
+
+    def mark(self, holder: str) -> str:
+        return mark_advisory(holder)

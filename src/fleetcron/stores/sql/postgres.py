@@ -26,6 +26,7 @@ from fleetcron.errors import (
     StoreUnavailable,
 )
 from fleetcron.stores.base import Capability, connect_error, opened
+from fleetcron.stores.sql.advisory_capable import AdvisoryCapable
 from fleetcron.stores.sql.files import load_queries
 from fleetcron.stores.sql.postgres_operations import PostgresOperations, batch_transactions
 from fleetcron.stores.sql.replication import (
@@ -270,7 +271,7 @@ def _backend_pid(conn: Any) -> BackendPid:
     return BackendPid(announced=int(conn.info.backend_pid), reported=int(row[0]))
 
 
-class PostgresStore(SqlSyncStore):
+class PostgresStore(AdvisoryCapable, SqlSyncStore):
     """Sync PostgreSQL store."""
 
     dialect = "postgres"
@@ -452,7 +453,7 @@ class PostgresStore(SqlSyncStore):
         return applied
 
 
-class AsyncPostgresStore(AsyncSqlStore):
+class AsyncPostgresStore(AdvisoryCapable, AsyncSqlStore):
     """Async PostgreSQL store over one ``psycopg.AsyncConnection``."""
 
     dialect = "postgres"
