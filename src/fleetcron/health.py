@@ -410,7 +410,14 @@ def _unknown(job: JobRecord, runs: Sequence[RunRecord], now: int) -> JobHealth:
         stuck_after_us=None,
         p95_duration_us=_p95(_durations(runs)),
         durations_us=tuple(_durations(runs)),
-        reasons=("no schedule registered for this job (older fleetcron exec, or another version)",),
+        reasons=(
+            (
+                "paused ahead of its registration: no replica has registered it yet; it "
+                "starts paused when one does"
+            )
+            if job.paused and not job.fingerprint
+            else "no schedule registered for this job (older fleetcron exec, or another version)",
+        ),
         now_us=now,
     )
 

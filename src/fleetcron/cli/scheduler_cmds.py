@@ -401,13 +401,19 @@ def run_runs(args: argparse.Namespace) -> int:
 
 
 def run_pause(args: argparse.Namespace, paused: bool) -> int:
-    """``fleetcron pause JOB`` / ``resume JOB``: persisted in the store for every replica."""
+    """``fleetcron pause JOB`` / ``resume JOB``: persisted in the store for every replica.
+
+    A job no replica has registered yet may be paused ahead of its deploy: it starts
+    paused, and a note says the job is not defined yet. Resuming such a pause takes it
+    back (the row held nothing else); resuming a job the store has no row of is an error.
+    """
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
     args.job = _job_arg(args)
     store = open_existing_store(url)
     try:
         known = store.run(store.ops.job_set_paused(namespace, args.job, paused))
+        row = store.run(store.ops.job_get(namespace, args.job)) if known else None
     finally:
         store.close()
     if not known:
@@ -415,6 +421,17 @@ def run_pause(args: argparse.Namespace, paused: bool) -> int:
             f"no job {args.job!r} in namespace {namespace!r} (jobs register when a replica runs)"
         )
     print(f"{args.job}: {'paused' if paused else 'resumed'}")  # noqa: T201
+    undefined = f"no job named {args.job} is defined"
+    if row is None:  # resumed: the row held nothing but a pause recorded ahead
+        note = f"{undefined} in namespace {namespace!r}; the pause recorded ahead of it is removed"
+    elif paused and row.fingerprint == "" and row.definition in ("", "{}"):
+        note = (
+            f"{undefined} yet in namespace {namespace!r}; it will start paused when a replica "
+            "registers it"
+        )
+    else:
+        return 0
+    print(f"note: {note}")  # noqa: T201
     return 0
 
 
