@@ -16,6 +16,7 @@ from fleetcron.metrics import Metrics
 from fleetcron.models import ClaimResult, RunNote, SlotClaim
 from fleetcron.scheduling.planning import MISSED_RECORD_LIMIT, Plan, PlannedJob
 from fleetcron.stores.base import AsyncStore
+from fleetcron.stores.ledger import MISSED_ERROR
 
 __all__ = ["RECORD_BATCH", "SIFT_AT_LEAST", "record_missed", "send_claims", "sift"]
 
@@ -44,9 +45,8 @@ async def record_missed(
         # (a row would keep the governing replica from a slot both schedules have).
         if not plan.missed or spec.name in conflicts:
             continue
-        why = f"missed (catchup = {spec.catchup})"
         notes += (
-            RunNote(spec.name, slot, "missed", why, "schedule")
+            RunNote(spec.name, slot, "missed", MISSED_ERROR, "schedule")
             for slot in plan.missed[-MISSED_RECORD_LIMIT:]
         )
         counted.append((spec, len(plan.missed)))
@@ -57,9 +57,10 @@ async def record_missed(
         if metrics is not None:
             metrics.missed(spec.name, count)
         log.warning(
-            "%s: %d slot(s) missed (catchup = %s)",
+            "%s: %d slot(s) missed: %s (catchup = %s)",
             spec.name,
             count,
+            MISSED_ERROR,
             spec.catchup,
             extra={"action": "slot_missed", "job": spec.name, "count": count},
         )

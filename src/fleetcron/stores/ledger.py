@@ -31,7 +31,9 @@ __all__ = [
 ]
 
 LOST_ERROR = "the holder's lease expired without an outcome"
-MISSED_ERROR = "no replica started it before its deadline (catchup policy)"
+MISSED_ERROR = "not started by its deadline"
+"""The reason of a ``missed`` row, however it was recorded (a claim past its deadline, or
+slots catch-up gives up); the log lines say it after "missed: ", with the job's policy."""
 OUTPUT_LIMIT = 4096
 
 
