@@ -85,7 +85,7 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
             status = EXIT_LEASE_LOST
         return status
     finally:
-        pings.finish(run_outcome(status, cancel_requested=False))
+        pings.finish(run_outcome(status, False, options))
 
 
 class _released:

@@ -51,7 +51,7 @@ from fleetcron.lease import Lease
 from fleetcron.models import RunOutcome
 from fleetcron.reaper import Reaper
 
-__all__ = ["run_command", "run_outcome"]
+__all__ = ["ceiling_error", "run_command", "run_outcome"]
 
 # Why the command was asked to stop (the first reason wins).
 _LEASE_LOST = "lease_lost"
@@ -199,9 +199,16 @@ def _exit_status(lease: Lease, options: ExecOptions, reason: str | None, returnc
     # The local deadline passed while the command ran (this process was paused past it, and
     # the keepalive had no chance to say so yet): the lease is not trusted any more.
     if reason == _LEASE_LOST or lease.is_lost or lease.remaining_us() <= 0:
+        # Without keepalive nothing renews the lease, by request: its end is the run's
+        # ceiling, reached, not a loss.
+        said = (
+            f"lease on {options.name} lost; command stopped"
+            if options.keepalive
+            else f"{options.name}: {ceiling_error(options.lock_at_most)}"
+        )
         log.error(
-            "lease on %s lost; command stopped (exit %d)",
-            options.name,
+            "%s (exit %d)",
+            said,
             status,
             extra={"action": "run_lost", "lock": options.name, "fence": lease.fence},
         )
@@ -226,15 +233,24 @@ def _exit_status(lease: Lease, options: ExecOptions, reason: str | None, returnc
     return status
 
 
-def run_outcome(status: int | None, cancel_requested: bool) -> RunOutcome:
+def ceiling_error(lock_at_most: str) -> str:
+    """What ends a run without keepalive at its lease's end: not a loss, its ceiling."""
+    return f"stopped: the run reached --lock-at-most ({lock_at_most}) without keepalive"
+
+
+def run_outcome(status: int | None, cancel_requested: bool, options: ExecOptions) -> RunOutcome:
     """The outcome exec's exit ``status`` amounts to, for the ledger and the pings
-    (``None``: exec failed before the command ended)."""
+    (``None``: exec failed before the command ended); ``options`` say whether the lease
+    was kept alive (without keepalive its end is the run's ceiling, not a loss)."""
     if status is None:
         return RunOutcome(state="failed", error="fleetcron exec failed before the command ended")
     if cancel_requested:
         return RunOutcome(state="cancelled", exit_code=status, error="cancel requested")
     if status == EXIT_LEASE_LOST:
-        return RunOutcome(state="lost", exit_code=status, error="lease lost; command stopped")
+        error = "lease lost; command stopped"
+        if not options.keepalive:
+            error = ceiling_error(options.lock_at_most)
+        return RunOutcome(state="lost", exit_code=status, error=error)
     if status == EXIT_TIMEOUT:
         return RunOutcome(state="failed", exit_code=status, error="timed out")
     if status == 0:

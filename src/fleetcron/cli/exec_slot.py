@@ -281,7 +281,8 @@ def run_exec_schedule(
 
         # The command's output is passed through, not stored; what is stored is scrubbed
         # all the same (fleetcron.scrub), as the daemon's outcomes are.
-        outcome = Scrubber(backend_url).outcome(run_outcome(status, lease.cancel_requested))
+        ended = run_outcome(status, lease.cancel_requested, options)
+        outcome = Scrubber(backend_url).outcome(ended)
         try:
             lease.finish(outcome, on_retry=retrying)
         except Exception as error:
