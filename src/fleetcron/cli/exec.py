@@ -56,13 +56,7 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
         keepalive=options.keepalive,
         wait=options.wait,
     )
-    if lease is None:
-        log.info(
-            "lock %s is held by another holder; %s skipped",
-            options.name,
-            options.command[0],
-            extra={"action": "lock_skipped", "lock": options.name},
-        )
+    if lease is None:  # said by try_lock, once (lock_skipped)
         return options.skipped_exit_code
     pings = RunPings(options, str(uuid.uuid4()))
     pings.start()
