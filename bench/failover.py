@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "mysql": "mysql://root@127.0.0.1:3306/test",
            "redis": "redis://127.0.0.1:6379/0"}.get(args.backend, args.backend)  # fmt: skip
     if args.backend == "sqlite":
-        url = f"sqlite://{tmp / 'bench.db'}"
+        url = f"sqlite:///{tmp / 'bench.db'}"
     namespace = f"bench-failover-{secrets.token_hex(4)}"
     call(url, lambda ops: ops.store_now())
     procs: dict[int, subprocess.Popen[bytes]] = {}

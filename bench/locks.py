@@ -125,7 +125,7 @@ def sqlite_path(tmp: Path, name: str) -> Path:
 
 
 def fleetcron_sqlite(tmp: Path) -> Callable[[int], Runner]:
-    return lambda _port: fleetcron_runner(f"sqlite://{sqlite_path(tmp, 'fleetcron')}", "sqlite")
+    return lambda _port: fleetcron_runner(f"sqlite:///{sqlite_path(tmp, 'fleetcron')}", "sqlite")
 
 
 def fleetcron_postgres(port: int) -> Runner:

@@ -330,7 +330,7 @@ def resolve_url(backend: str, tmp: Path) -> str:
     if backend in BACKENDS:
         return BACKENDS[backend]
     if backend == "sqlite":
-        return f"sqlite://{tmp / 'bench.db'}"
+        return f"sqlite:///{tmp / 'bench.db'}"
     return backend
 
 

@@ -231,7 +231,7 @@ def write_namespace(url: str, rows: dict[str, Any]) -> None:
     if url.startswith("sqlite://"):
         import sqlite3
 
-        lite = sqlite3.connect(url.removeprefix("sqlite://"))
+        lite = sqlite3.connect(url.removeprefix("sqlite:///"))
         with lite as conn:
             marks = ",".join("?" * 9)
             conn.executemany(_JOB_INSERT.format(marks), rows["jobs"])
@@ -272,7 +272,7 @@ def fresh_store(backend: str, tmp: Path, label: str) -> Iterator[str]:
     """The URL of an empty store for one tree: a SQLite file, or a new PostgreSQL database
     dropped afterwards."""
     if backend == "sqlite":
-        yield f"sqlite://{tmp / f'{label}.db'}"
+        yield f"sqlite:///{tmp / f'{label}.db'}"
         return
     import psycopg
 

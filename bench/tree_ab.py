@@ -4,7 +4,7 @@ Run from the project root, with the tree to compare unpacked somewhere::
 
     git archive 1bb95ee | tar -x -C /tmp/before
     .venv/bin/python bench/tree_ab.py --before /tmp/before/src --after src \\
-        --url 'sqlite:///tmp/ab-{tree}.db' --pairs 10
+        --url 'sqlite:////tmp/ab-{tree}.db' --pairs 10
     .venv/bin/python bench/tree_ab.py --before /tmp/before/src --after src \\
         --url 'postgresql://postgres@127.0.0.1/ab_{tree}' --pairs 10
 

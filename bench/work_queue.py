@@ -374,7 +374,7 @@ class Subject:
 
 def fleetcron_url(backend: str, port: int, tmp: Path) -> str:
     if backend == "sqlite":
-        return f"sqlite://{tmp / 'fleetcron-queue.db'}"
+        return f"sqlite:///{tmp / 'fleetcron-queue.db'}"
     if backend == "postgres":
         return f"postgresql://{PG_USER}@{HOST}:{port}/{PG_DB}"
     if backend == "mysql":

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=Path("invoices-demo"))
     args = parser.parse_args(argv)
     args.dir.mkdir(exist_ok=True)
-    default = f"sqlite://{(args.dir / 'fleetcron.db').resolve()}"
+    default = f"sqlite:///{(args.dir / 'fleetcron.db').resolve()}"
     backend = os.environ.get("FLEETCRON_BACKEND") or default
     conn = app_database(args.dir / "app.db")
     with Fleet(backend, namespace=NAMESPACE) as fleet:

@@ -49,5 +49,5 @@ def url_of(kind: str, tmp_path: Path) -> str:
     if kind == "memory":
         return "memory://"
     if kind == "sqlite":
-        return f"sqlite://{tmp_path / 'fleetcron.db'}"
+        return f"sqlite:///{tmp_path / 'fleetcron.db'}"
     return require_service(kind)

@@ -10,8 +10,8 @@ The rules (docs/operations.md):
 
 - **expected slot**: the latest slot ``s`` whose grace has passed (``s + grace <= now``)
   and that falls after the job was first seen (its registration, or its oldest ledger
-  row). ``grace`` is the job's ``grace``; by default the gap to the slot after ``s``,
-  at least one minute.
+  row of a slot its schedule reached — not a backfilled or triggered one). ``grace`` is
+  the job's ``grace``; by default the gap to the slot after ``s``, at least one minute.
 - **overdue**: there is an expected slot and no run succeeded since it (``last success <
   s``).
 - **failing**: the latest outcome is a failure (``failed``/``lost``) not followed by a
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fleetcron.errors import ConfigurationError
-from fleetcron.models import JobRecord, RunRecord
+from fleetcron.models import PROGRESS_TRIGGERS, JobRecord, RunRecord
 from fleetcron.schedules import CronSchedule, Schedule, iso_utc, schedule_from_definition
 
 __all__ = [
@@ -250,9 +250,16 @@ def _failing(job: JobRecord) -> bool:
 
 
 def _since(job: JobRecord, runs: Sequence[RunRecord]) -> int:
-    """When the job was first seen: its registration, or its oldest ledger row read."""
+    """When the job was first seen: its registration, or its oldest ledger row read of a
+    slot the schedule reached (trigger ``schedule`` or ``exec``).
+
+    A backfilled or triggered row names a slot someone asked for, not one the job was
+    there for: a backfill of last month's slots of a job registered a minute ago leaves it
+    new, not overdue since last month."""
     evidence = [job.updated_us, job.high_water_us, job.last_success_us, job.last_failure_us]
-    evidence += [run.slot_us for run in runs[-1:]]
+    evidence.append(
+        next((run.slot_us for run in reversed(runs) if run.trigger in PROGRESS_TRIGGERS), None)
+    )
     return min(value for value in evidence if value is not None)
 
 
@@ -403,7 +410,14 @@ def _unknown(job: JobRecord, runs: Sequence[RunRecord], now: int) -> JobHealth:
         stuck_after_us=None,
         p95_duration_us=_p95(_durations(runs)),
         durations_us=tuple(_durations(runs)),
-        reasons=("no schedule registered for this job (older fleetcron exec, or another version)",),
+        reasons=(
+            (
+                "paused ahead of its registration: no replica has registered it yet; it "
+                "starts paused when one does"
+            )
+            if job.paused and not job.fingerprint
+            else "no schedule registered for this job (older fleetcron exec, or another version)",
+        ),
         now_us=now,
     )
 

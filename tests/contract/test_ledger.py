@@ -1774,12 +1774,7 @@ def test_job_register_of_a_job_first_seen_by_a_claim_returns_the_row_the_claim_c
     assert ledger.must_job("job").high_water_us == slot
 
 
-def test_job_set_paused_is_false_for_an_unknown_job_and_pauses_a_known_one(
-    ledger: Ledger,
-) -> None:
-    assert ledger.pause("nobody") is False
-    assert ledger.job("nobody") is None, "pausing does not create a job"
-
+def test_job_set_paused_pauses_and_resumes_a_known_job(ledger: Ledger) -> None:
     assert ledger.register("job", "{}", "fp") is None
     assert ledger.pause("job") is True
     assert ledger.must_job("job").paused
@@ -1787,6 +1782,47 @@ def test_job_set_paused_is_false_for_an_unknown_job_and_pauses_a_known_one(
     assert ledger.must_job("job").paused
     assert ledger.pause("job", False) is True
     assert not ledger.must_job("job").paused
+    assert ledger.pause("job", False) is True  # a registered row stays when resumed
+    assert ledger.must_job("job").definition == "{}"
+
+
+def test_a_job_paused_before_any_replica_registers_it_starts_paused(ledger: Ledger) -> None:
+    assert ledger.pause("later") is True
+    ahead = ledger.must_job("later")
+    assert (ahead.paused, ahead.definition, ahead.fingerprint) == (True, "{}", "")
+    assert (ahead.high_water_us, ahead.last_success_us, ahead.last_failure_us) == (None,) * 3
+    assert [row.job for row in ledger.jobs()] == ["later"]
+
+    previous = ledger.register("later", '{"every": "1m"}', "fp")  # the deploy
+
+    assert previous is not None
+    assert (previous.paused, previous.definition) == (True, "{}")
+    row = ledger.must_job("later")
+    assert (row.paused, row.definition, row.fingerprint) == (True, '{"every": "1m"}', "fp")
+    (slot,) = ledger.past_slots(1)
+    assert ledger.status_of("later", slot) == "paused", "its schedule claims nothing"
+    assert ledger.pause("later", False) is True
+    assert not ledger.must_job("later").paused
+    assert ledger.must_claim("later", slot).state == "running"
+
+
+def test_resuming_a_pause_recorded_ahead_removes_it_and_an_unknown_job_stays_unknown(
+    ledger: Ledger,
+) -> None:
+    assert ledger.pause("nobody", False) is False
+    assert ledger.job("nobody") is None, "resuming does not create a job"
+
+    assert ledger.pause("typo") is True
+    assert ledger.pause("typo", False) is True
+    assert ledger.job("typo") is None, "nothing but the pause was there: the row goes"
+    assert ledger.jobs() == []
+
+    # A row that holds more than the pause stays, resumed: a job a claim saw first.
+    (slot,) = ledger.past_slots(1)
+    assert ledger.pause("seen") is True
+    assert ledger.must_claim("seen", slot, trigger="manual", exclusive=False)
+    assert ledger.pause("seen", False) is True
+    assert not ledger.must_job("seen").paused
 
 
 def test_job_get_of_an_unknown_job_is_none(ledger: Ledger) -> None:

@@ -351,7 +351,7 @@ def test_extend_renews_the_attempt_and_the_lease_and_finish_releases_the_lease(
 def test_a_paused_job_is_not_claimed_by_its_schedule_but_is_by_hand(
     store: SyncStore, namespace: str
 ) -> None:
-    assert not store.run(ledger(store).job_set_paused(namespace, "job", True))  # unknown job
+    assert not store.run(ledger(store).job_set_paused(namespace, "job", False))  # unknown job
     assert store.run(ledger(store).job_register(namespace, [("job", '{"every": "1m"}', "fp")])) == [
         None
     ]

@@ -38,7 +38,7 @@ def fresh_database(backend_url: str, tmp_path: Path) -> Iterator[str]:
     kind = parse_store_url(backend_url).kind
     database = f"fleetcron_fresh_{uuid.uuid4().hex[:12]}"
     if kind == "sqlite":
-        yield f"sqlite://{tmp_path / f'{database}.db'}"
+        yield f"sqlite:///{tmp_path / f'{database}.db'}"
         return
     if kind == "postgres":
         import psycopg

@@ -40,7 +40,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 @pytest.fixture
 def database(tmp_path: Path) -> Path:
     path = tmp_path / "plans.db"
-    open_store(parse_store_url(f"sqlite://{path}")).close()  # migrates
+    open_store(parse_store_url(f"sqlite:///{path}")).close()  # migrates
     return path
 
 

@@ -21,6 +21,6 @@ def cli(backend_url: str, namespace: str, tmp_path: Path) -> Iterator[Cli]:
 @pytest.fixture
 def sqlite_cli(namespace: str, tmp_path: Path) -> Iterator[Cli]:
     """``fleetcron`` on a SQLite file in the test's directory (no service needed)."""
-    runner = Cli(f"sqlite://{tmp_path / 'fleetcron.db'}", namespace, tmp_path)
+    runner = Cli(f"sqlite:///{tmp_path / 'fleetcron.db'}", namespace, tmp_path)
     yield runner
     runner.cleanup()

@@ -7,11 +7,12 @@ schedule is all a backfill reads), then the CLI runs as a subprocess against the
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 
 import pytest
 
-from e2e.helpers import CROSS_PROCESS_BACKENDS, Cli, assert_clean_error
+from e2e.helpers import CROSS_PROCESS_BACKENDS, Cli, assert_clean_error, wait_for
 from fleetcron import Fleet
 from fleetcron.models import micros_to_datetime
 
@@ -100,3 +101,35 @@ def test_a_backfill_says_how_many_slots_it_queued_and_how_many_had_a_row(
         2,
         "the range holds more than 9 slots; nothing was queued: narrow it or raise --limit",
     )
+
+
+HOURLY = """
+[jobs.hourly]
+every = "1h"
+grace = "10m"
+command = ["true"]
+"""
+
+
+@CROSS_PROCESS_BACKENDS
+def test_backfilling_days_of_a_job_registered_just_now_leaves_it_healthy(
+    cli: Cli, fleet: Fleet
+) -> None:
+    jobs = cli.workdir / "jobs.toml"
+    jobs.write_text(HOURLY)
+    replica = cli.spawn("run", str(jobs))  # registers the job, as a deploy does
+    assert wait_for(lambda: fleet.store.run(fleet.store.ops.job_get(fleet.namespace, "hourly")))
+    replica.proc.send_signal(signal.SIGTERM)
+    assert replica.wait(timeout=60).returncode == 0
+    store = fleet.store
+    now = store.run(store.ops.store_now())
+    days = ("--from", iso(now - 3 * 24 * 3600 * SECOND), "--to", iso(now - 2 * 24 * 3600 * SECOND))
+
+    backfilled = cli.run("backfill", "hourly", *days)
+    assert backfilled.returncode == 0, backfilled.stderr
+    assert backfilled.stdout.endswith("; 0 already have a ledger row\n"), backfilled.stdout
+
+    check = cli.run("status", "--check", "hourly")
+    assert check.returncode == 0, check.stdout + check.stderr
+    report = json.loads(cli.run("status", "--json", "hourly").stdout)["jobs"][0]
+    assert (report["state"], report["overdue"], report["expected_slot"]) == ("ok", False, None)

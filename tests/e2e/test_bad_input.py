@@ -110,7 +110,7 @@ def _store_state(url: str) -> object:
     """What a refused command must leave as it was: the SQLite file's bytes (``None``: no
     file), or the fleetcron tables of the PostgreSQL database."""
     if url.startswith("sqlite://"):
-        path = Path(url.removeprefix("sqlite://"))
+        path = Path(url.removeprefix("sqlite:///"))
         return path.read_bytes() if path.exists() else None
     import psycopg
 
@@ -164,7 +164,7 @@ def test_a_nul_in_a_jobs_commands_arguments_is_refused_at_load(
 
 
 def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path) -> None:
-    cli = Cli(f"sqlite://{tmp_path / 'fleetcron.db'}", "", tmp_path)
+    cli = Cli(f"sqlite:///{tmp_path / 'fleetcron.db'}", "", tmp_path)
     assert_clean_error(cli.run(*_exec("job", marker=marker)), EXIT_USAGE, "namespace is empty")
     assert not (tmp_path / "fleetcron.db").exists()
 
@@ -178,7 +178,7 @@ def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path)
         ("not-a-url", "has no scheme"),
         ("redis://", "names no host"),
         ("sqlite://", "names no database file"),
-        ("sqlite:///tmp/a%00b.db", "the path contains a NUL byte"),
+        ("sqlite:////tmp/a%00b.db", "the path contains a NUL byte"),
         ("", "backend URL is empty"),
         ("postgresql://app:hunter2/x@127.0.0.1:5999/test", "percent-encoded"),
         ("postgresql://app:hunter2#x@127.0.0.1:5999/test", "percent-encoded"),
@@ -191,7 +191,7 @@ def test_an_explicitly_empty_namespace_is_an_error(tmp_path: Path, marker: Path)
         ("rediss://:hunter2@127.0.0.1:6379/0?ssl_cert_reqs=bogus", "ssl_cert_reqs must be"),
         ("postgresql://u:hunter2@127.0.0.1:5432/test?foo=bar", "invalid URI query parameter"),
         ("postgresql://u:hunter2@127.0.0.1:5432/test?timeout=abc", "timeout must be a positive"),
-        ("sqlite:///tmp/fleetcron-never.db?mode=ro", "unknown parameter(s) mode"),
+        ("sqlite:////tmp/fleetcron-never.db?mode=ro", "unknown parameter(s) mode"),
         ("sqlite:///:memory:", "use memory://"),
     ],
 )
@@ -221,7 +221,7 @@ def test_a_sqlite_path_in_a_missing_directory_is_refused(
     namespace: str, tmp_path: Path, marker: Path
 ) -> None:
     missing = tmp_path / "no" / "such"
-    cli = Cli(f"sqlite://{missing / 'fc.db'}", namespace, tmp_path)
+    cli = Cli(f"sqlite:///{missing / 'fc.db'}", namespace, tmp_path)
     assert_clean_error(cli.run(*_exec("job", marker=marker)), EXIT_USAGE, str(missing))
     assert not missing.exists()
 
@@ -234,7 +234,7 @@ def test_bad_input_leaves_no_lease_row_in_the_store(cli: Cli, marker: Path) -> N
     result = cli.run(*_exec(LONG_NAME, marker=marker))
     assert_clean_error(result, EXIT_USAGE, "the maximum is 200")
     if cli.backend.startswith("sqlite://"):
-        assert not Path(cli.backend.removeprefix("sqlite://")).exists()  # not even a store
+        assert not Path(cli.backend.removeprefix("sqlite:///")).exists()  # not even a store
     else:
         assert cli.locks() == []
 
@@ -260,7 +260,7 @@ def test_a_sqlite_path_in_a_read_only_directory_is_refused(namespace: str) -> No
         read_only = base / "ro"
         read_only.mkdir(mode=0o555)
         read_only.chmod(0o555)
-        cli = Cli(f"sqlite://{read_only / 'fc.db'}", namespace, base)
+        cli = Cli(f"sqlite:///{read_only / 'fc.db'}", namespace, base)
         cli.env["HOME"] = str(base)
         marker = base / "marker"
         result = cli.run(*_exec("job", marker=marker), prefix=prefix)
@@ -294,7 +294,7 @@ def test_a_sqlite_path_on_a_network_filesystem_is_refused(
         "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
         f"98 22 0:53 / {share} rw,relatime shared:7 - nfs4 fileserver:/export rw,vers=4.2\n"
     )
-    cli = Cli(f"sqlite://{share / 'fc.db'}", namespace, tmp_path)
+    cli = Cli(f"sqlite:///{share / 'fc.db'}", namespace, tmp_path)
     argv = cli.argv(*_exec("job", marker=marker))[len(FLEETCRON) :]
     result = subprocess.run(
         [sys.executable, "-c", FAKE_NFS, str(mountinfo), *argv],
@@ -334,7 +334,7 @@ def test_a_sqlite_path_that_is_no_regular_file_is_a_usage_error(
     path = tmp_path / "store.db" if where == "directory" else Path(where)
     if where == "directory":
         path.mkdir()
-    cli = Cli(f"sqlite://{path}", namespace, tmp_path)
+    cli = Cli(f"sqlite:///{path}", namespace, tmp_path)
     args = _exec("job", marker=marker) if command == "exec" else ["status"]
     expected = "is a directory" if where == "directory" else "is not a regular file"
     assert_clean_error(cli.run(*args), EXIT_USAGE, str(path), expected)

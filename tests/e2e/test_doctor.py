@@ -129,7 +129,7 @@ def test_doctor_fails_on_a_missing_sqlite_store_without_creating_it_and_checks_t
 
     assert result.returncode == 1, result.stdout + result.stderr
     assert lines(result, "fail") == [
-        f"fail  store: sqlite at sqlite://{database}: no fleetcron store at {database}: the "
+        f"fail  store: sqlite at sqlite:///{database}: no fleetcron store at {database}: the "
         "file does not exist (start a replica or run `fleetcron migrate` to create it)",
         "fail  job report (lock_at_least): 1m is not shorter than the shortest interval of "
         "the schedule, 1m",

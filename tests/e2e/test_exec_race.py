@@ -115,3 +115,18 @@ def test_wait_gives_up_after_its_duration_and_skips(cli: Cli, tmp_path: Path) ->
     assert result.returncode == 5, result.stderr
     assert time.monotonic() - started >= 0.7
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("flags", [(), ("--wait", "200ms")], ids=["try", "wait"])
+def test_a_skipped_exec_says_so_in_one_line_at_v(
+    sqlite_cli: Cli, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    holder_pid = tmp_path / "holder"
+    hold = 'echo $$ > "$1"; exec sleep 30'
+    sqlite_cli.spawn("exec", "busy", "--", "sh", "-c", hold, "sh", str(holder_pid))
+    sqlite_cli.track_group(int(read_when_written(holder_pid)))
+
+    result = sqlite_cli.run("-v", "exec", "busy", *flags, "--", "true")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["fleetcron: lock busy is held elsewhere; skipped"]

@@ -50,7 +50,7 @@ def test_a_failing_command_is_recorded_failed_with_its_exit_status(sqlite_cli: C
 
 
 def test_bad_schedules_are_refused_before_the_store_is_touched(sqlite_cli: Cli) -> None:
-    db = Path(sqlite_cli.backend.removeprefix("sqlite://"))
+    db = Path(sqlite_cli.backend.removeprefix("sqlite:///"))
     bad = [
         (("--schedule", "*/5 * * 13 *"), "field 'month' value 13"),
         (("--schedule", "* * * * *", "--timezone", "Mars/Base"), "unknown time zone"),

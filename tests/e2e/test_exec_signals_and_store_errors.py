@@ -50,7 +50,7 @@ def _refusing_url(kind: str, tmp_path: Path) -> str:
     if kind == "sqlite":
         garbage = tmp_path / "not-a-database.db"
         garbage.write_bytes(b"this is not a database " * 200)
-        return f"sqlite://{garbage}"
+        return f"sqlite:///{garbage}"
     url = require_service(kind)
     if kind == "postgres":
         return url.replace("postgres@", "fleetcron_no_such_user:wrong@")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import sys
 import time
@@ -121,9 +123,29 @@ def test_without_keepalive_the_group_is_killed_when_the_lease_ends(
     )
     elapsed = time.monotonic() - started
     assert result.returncode == EXIT_LEASE_LOST, result.stderr
-    assert "lost" in result.stderr
+    # Its ceiling, not a loss: nothing renews the lease, by request.
+    said = r"fleetcron: job: stopped: the run reached --lock-at-most \(2s\) without keepalive "
+    said += r"\(exit 1(37|43)\)"
+    assert any(re.fullmatch(said, line) for line in result.stderr.splitlines()), result.stderr
+    assert "lost" not in result.stderr
     assert "Traceback" not in result.stderr
     assert 1.0 < elapsed < 2.5, f"group gone after {elapsed:.2f}s for a 2s lease"
+
+
+def test_a_scheduled_run_without_keepalive_is_recorded_stopped_at_its_ceiling(
+    sqlite_cli: Cli,
+) -> None:
+    result = sqlite_cli.run(
+        "exec", "ceiling", "--schedule", "* * * * *", "--no-keepalive", "--lock-at-most", "1s",
+        "--", "sleep", "30",
+    )  # fmt: skip
+
+    assert result.returncode == EXIT_LEASE_LOST, result.stderr
+    assert "reached --lock-at-most (1s) without keepalive" in result.stderr
+    rows = json.loads(sqlite_cli.run("runs", "ceiling", "--json").stdout)
+    assert [(row["state"], row["error"]) for row in rows] == [
+        ("lost", "stopped: the run reached --lock-at-most (1s) without keepalive")
+    ]
 
 
 def test_timeout_kills_the_group_and_gives_124(sqlite_cli: Cli, tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def test_a_backend_url_part_that_would_be_ignored_is_refused(
     assert not marker.exists()
 
 
-def test_a_sqlite_url_with_a_relative_path_is_refused_with_its_absolute_spelling(
+def test_a_sqlite_url_with_two_slashes_is_refused_with_both_spellings(
     namespace: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
@@ -78,11 +78,51 @@ def test_a_sqlite_url_with_a_relative_path_is_refused_with_its_absolute_spelling
     assert_clean_error(
         result,
         EXIT_USAGE,
-        "backend URL 'sqlite://fleetcron.db': a SQLite URL takes an absolute path",
-        f"write 'sqlite://{tmp_path / 'fleetcron.db'}'",
+        "backend URL 'sqlite://fleetcron.db': a SQLite URL has no host",
+        "write 'sqlite:///fleetcron.db' for fleetcron.db relative to the working directory, "
+        f"or 'sqlite:///{tmp_path / 'fleetcron.db'}' for {tmp_path / 'fleetcron.db'}",
     )
     assert not marker.exists()
     assert not (tmp_path / "fleetcron.db").exists()
+
+
+def test_three_slashes_name_a_file_of_the_working_directory_and_four_an_absolute_path(
+    namespace: str, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+
+    relative = Cli("sqlite:///data/fleetcron.db", namespace, work).run("migrate")
+    assert relative.returncode == 0, relative.stderr
+    assert (work / "data" / "fleetcron.db").is_file()
+
+    absolute = Cli(f"sqlite:///{tmp_path / 'abs.db'}", namespace, work).run("migrate")
+    assert absolute.returncode == 0, absolute.stderr
+    assert (tmp_path / "abs.db").is_file()
+    assert sorted(p.name for p in work.iterdir()) == ["data"]
+
+
+def test_a_three_slash_path_whose_directory_exists_only_from_the_root_is_named(
+    namespace: str, tmp_path: Path
+) -> None:
+    # sqlite:///tmp/…/fc.db run from `work`: tmp/… is not there, /tmp/… is.
+    work = tmp_path / "work"
+    work.mkdir()
+    written = f"{str(tmp_path).lstrip('/')}/fc.db"
+    marker = tmp_path / "ran"
+    cli = Cli(f"sqlite:///{written}", namespace, work)
+
+    for argv in (("exec", "job", "--", "touch", str(marker)), ("status",), ("migrate",)):
+        assert_clean_error(
+            cli.run(*argv),
+            EXIT_USAGE,
+            f"backend URL 'sqlite:///{written}' names {written} relative to the working "
+            f"directory {work}, whose directory {Path(written).parent} does not exist; for "
+            f"the absolute path {tmp_path / 'fc.db'} write 'sqlite:///{tmp_path / 'fc.db'}'",
+        )
+    assert not marker.exists()
+    assert not (tmp_path / "fc.db").exists()
+    assert list(work.iterdir()) == []
 
 
 def test_a_redis_password_the_server_does_not_check_is_warned_about(

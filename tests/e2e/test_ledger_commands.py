@@ -102,6 +102,66 @@ def test_pause_trigger_resume_and_backfill_steer_every_replica(
     assert len(slots) == len(set(slots))  # every slot, whatever started it, ran once
 
 
+LATER = """
+[jobs.later]
+every = "1s"
+command = ["sh", "-c", "echo \\"$FLEETCRON_SLOT\\" >> {out}"]
+"""
+
+
+def test_a_job_paused_ahead_of_its_deploy_starts_paused(sqlite_cli: Cli, tmp_path: Path) -> None:
+    ns = sqlite_cli.namespace
+    assert sqlite_cli.run("migrate").returncode == 0
+    paused = sqlite_cli.run("pause", "later")
+    assert paused.returncode == 0, paused.stderr
+    assert paused.stdout.splitlines() == [
+        "later: paused",
+        f"note: no job named later is defined yet in namespace {ns!r}; it will start paused "
+        "when a replica registers it",
+    ]
+    listed = json.loads(sqlite_cli.run("status", "--json", "later").stdout)["jobs"]
+    assert [(j["job"], j["state"], j["paused"]) for j in listed] == [("later", "paused", True)]
+    assert listed[0]["reasons"][0].startswith("paused ahead of its registration")
+    assert sqlite_cli.run("status", "--check").returncode == 0, "paused ahead is not unhealthy"
+
+    out = tmp_path / "later.txt"
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(LATER.format(out=out))
+    replica = sqlite_cli.spawn("run", str(jobs))  # the deploy registers the job
+
+    def rows() -> list[dict[str, Any]]:
+        result = sqlite_cli.run("runs", "later", "--json")
+        listed: list[dict[str, Any]] = json.loads(result.stdout or "[]")
+        return listed
+
+    assert wait_for(lambda: sum(r["error"] == "job paused" for r in rows()) >= 2, timeout=20)
+    assert not out.exists(), "no slot ran while paused"
+    assert all(r["state"] == "skipped" for r in rows())
+
+    resumed = sqlite_cli.run("resume", "later")
+    assert resumed.stdout.strip() == "later: resumed", resumed.stderr
+    assert wait_for(lambda: any(r["state"] == "succeeded" for r in rows()), timeout=20)
+    replica.proc.send_signal(signal.SIGTERM)
+    assert replica.wait(timeout=40).returncode == 0
+
+
+def test_resuming_a_pause_recorded_ahead_takes_it_back(sqlite_cli: Cli) -> None:
+    ns = sqlite_cli.namespace
+    assert sqlite_cli.run("migrate").returncode == 0
+    assert sqlite_cli.run("pause", "typo").returncode == 0
+
+    resumed = sqlite_cli.run("resume", "typo")
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines() == [
+        "typo: resumed",
+        f"note: no job named typo is defined in namespace {ns!r}; the pause recorded ahead of "
+        "it is removed",
+    ]
+    assert_clean_error(sqlite_cli.run("status", "typo"), 2, "no job named typo")
+    assert_clean_error(sqlite_cli.run("resume", "typo"), 2, "no job 'typo'")
+
+
 def test_commands_on_unknown_jobs_and_bad_ranges_are_clear_errors(sqlite_cli: Cli) -> None:
     assert sqlite_cli.run("migrate").returncode == 0
     expected = (
@@ -110,7 +170,6 @@ def test_commands_on_unknown_jobs_and_bad_ranges_are_clear_errors(sqlite_cli: Cl
     )
     assert sqlite_cli.run("runs").stdout.strip() == expected
     for argv, message in [
-        (("pause", "ghost"), "no job 'ghost'"),
         (("resume", "ghost"), "no job 'ghost'"),
         (("trigger", "ghost"), "no job 'ghost'"),
         (("backfill", "ghost", "--from", "2026-01-01", "--to", "2026-01-02"), "no registered job"),

@@ -224,7 +224,7 @@ def test_exec_with_a_silent_ping_endpoint_still_exits_with_the_commands_status(
 def test_exec_refuses_a_bad_ping_url_before_the_store_is_touched(
     sqlite_cli: Cli, url: str, problem: str
 ) -> None:
-    db = Path(sqlite_cli.backend.removeprefix("sqlite://"))
+    db = Path(sqlite_cli.backend.removeprefix("sqlite:///"))
     result = sqlite_cli.run("exec", "job", "--ping-url", url, "--", "true")
     assert_clean_error(result, 2, "--ping-url: ", problem)
     assert SECRET not in result.stderr
@@ -232,7 +232,7 @@ def test_exec_refuses_a_bad_ping_url_before_the_store_is_touched(
 
 
 def test_run_refuses_a_bad_ping_url_in_the_jobs_file(sqlite_cli: Cli, tmp_path: Path) -> None:
-    db = Path(sqlite_cli.backend.removeprefix("sqlite://"))
+    db = Path(sqlite_cli.backend.removeprefix("sqlite:///"))
     jobs = write_jobs(tmp_path, {"tick": (["true"], f"https://hc-ping.com/{SECRET} ")})
     result = sqlite_cli.run("run", str(jobs))
     assert_clean_error(result, 2, "job 'tick': key 'ping_url'", "whitespace")

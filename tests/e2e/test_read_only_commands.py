@@ -72,7 +72,7 @@ def test_a_command_that_only_reads_creates_no_sqlite_store(
     namespace: str, tmp_path: Path, argv: tuple[str, ...]
 ) -> None:
     typo = tmp_path / "prd.db"
-    result = _run(Cli(f"sqlite://{typo}", namespace, tmp_path), *argv)
+    result = _run(Cli(f"sqlite:///{typo}", namespace, tmp_path), *argv)
 
     assert_clean_error(
         result,
@@ -87,7 +87,7 @@ def test_status_check_on_a_sqlite_path_in_a_missing_directory_creates_nothing(
     namespace: str, tmp_path: Path
 ) -> None:
     typo = tmp_path / "stat" / "fleetcron.db"
-    result = Cli(f"sqlite://{typo}", namespace, tmp_path).run("status", "--check")
+    result = Cli(f"sqlite:///{typo}", namespace, tmp_path).run("status", "--check")
 
     assert_clean_error(
         result, EXIT_STORE_REFUSED, f"no fleetcron store at {typo}: its directory {typo.parent}"

@@ -103,7 +103,7 @@ def test_replicas_whose_file_is_deleted_or_replaced_stop_and_no_slot_runs_twice(
     # mv other.db fleetcron.db, the old database's -wal and -shm removed first (they are
     # found by name: left there, they would be read as the new file's), and a fourth.
     other = tmp_path / "other.db"
-    open_store(parse_store_url(f"sqlite://{other}")).close()
+    open_store(parse_store_url(f"sqlite:///{other}")).close()
     for side in ("-wal", "-shm"):
         db.with_name(db.name + side).unlink(missing_ok=True)
     os.replace(other, db)

@@ -186,7 +186,7 @@ def _empty(tmp_path: Path) -> Path:
 
 
 def _too_large(tmp_path: Path) -> Path:
-    (tmp_path / "large").write_text("sqlite:///tmp/x.db" + " " * 70_000)
+    (tmp_path / "large").write_text("sqlite:////tmp/x.db" + " " * 70_000)
     return tmp_path / "large"
 
 
@@ -241,7 +241,7 @@ def test_backend_beats_backend_file_which_beats_the_environment(
     namespace: str, tmp_path: Path
 ) -> None:
     def store(name: str) -> str:
-        return f"sqlite://{tmp_path / name}"
+        return f"sqlite:///{tmp_path / name}"
 
     backend_file = tmp_path / "backend-url"
     backend_file.write_text(store("from-file.db") + "\n")

@@ -118,7 +118,7 @@ class LockClient(Protocol):
 
 
 class _Sql:
-    """A connection to SQLite (``sqlite:///path``) or PostgreSQL (``postgresql://…``) with
+    """A connection to SQLite (``sqlite:////abs/path``) or PostgreSQL (``postgresql://…``) with
     one serialised transaction at a time and the store's clock."""
 
     def __init__(self, url: str) -> None:
@@ -131,7 +131,7 @@ class _Sql:
 
             self._pg = psycopg.connect(url, autocommit=True)
         else:
-            path = url.removeprefix("sqlite://")
+            path = url.removeprefix("sqlite:///")
             self._lite = sqlite3.connect(path, timeout=TIMEOUT_S, isolation_level=None)
 
     @contextlib.contextmanager

@@ -1076,7 +1076,7 @@ def _settings() -> settings:
 def test_every_step_on_the_real_store_is_the_reference_stores_step(
     kind: str, tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
-    url = f"sqlite://{tmp_path / 'model.db'}" if kind == "sqlite" else require_service(kind)
+    url = f"sqlite:///{tmp_path / 'model.db'}" if kind == "sqlite" else require_service(kind)
     store = open_store(parse_store_url(url))
     counts: Counter[str] = Counter()
     seen: Counter[str] = Counter()

@@ -158,7 +158,8 @@ def namespace_splits(namespace: str, name: str) -> list[tuple[str, str]]:
 # -- command arguments --------------------------------------------------------------------------
 # fmt: off
 ARG_PIECES: tuple[str, ...] = (
-    "", " ", "--", "-", "-v", "--backend", "--backend=sqlite:///pwned.db", "--namespace=x",
+    "", " ", "--", "-", "-v", "--backend", "--backend=sqlite:///pwned.db",
+    "--backend=sqlite:////pwned.db", "--namespace=x",
     "-- true", "$HOME", "${PATH}", "*", "?", "~", "a b", "'", '"', "\\", "\n", "\t", "'\"'",
     "$(touch pwned)", "`touch pwned`", "; touch pwned", "| touch pwned", "&& touch pwned",
     "> pwned", "< /etc/passwd", "%s%n", "{}", "!!", "\\x00", "名前 🔒", "\u202e", "=",

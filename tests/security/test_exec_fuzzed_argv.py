@@ -112,7 +112,7 @@ def test_a_name_that_looks_like_an_option_is_refused_and_nothing_runs(
     store_file = tmp_path / "fleetcron.db"
     marker = tmp_path / "ran"
     argv = ("--namespace", namespace, "exec", name.format(tmp=tmp_path), "--", "touch", str(marker))
-    result = run_cli(f"sqlite://{store_file}", *argv)
+    result = run_cli(f"sqlite:///{store_file}", *argv)
 
     assert result.status == EXIT_USAGE, result.stderr
     assert "Traceback" not in result.stderr

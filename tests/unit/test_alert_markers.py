@@ -181,7 +181,7 @@ def test_a_marker_name_fits_a_lease_name_column() -> None:
 async def test_no_listing_shows_a_marker(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"sqlite://{tmp_path / 'fleetcron.db'}"
+    url = f"sqlite:///{tmp_path / 'fleetcron.db'}"
     store = await open_async_store(parse_store_url(url))
     now = await store.run(store.ops.store_now())
     slot = now - 3_600_000_000

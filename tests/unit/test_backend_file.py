@@ -131,7 +131,7 @@ def test_a_private_backend_file_gives_no_warning(
 def test_the_backend_file_variable_comes_after_fleetcron_backend_and_before_the_jobs_file(
     tmp_path: Path, environ: pytest.MonkeyPatch
 ) -> None:
-    from_file = f"sqlite://{tmp_path / 'file.db'}"
+    from_file = f"sqlite:///{tmp_path / 'file.db'}"
     environ.setenv("FLEETCRON_BACKEND_FILE", str(_file(tmp_path / "url", from_file)))
     assert resolve_backend(None, "memory://").raw == from_file  # over the jobs file
     assert resolve_backend("redis://cache/0", "memory://").raw == "redis://cache/0"

@@ -33,7 +33,7 @@ def test_a_backend_whose_driver_is_missing_says_which_extra_installs_it() -> Non
 
 
 def test_a_store_is_opened_through_its_backends_entry_point(tmp_path: Path) -> None:
-    store = open_store(parse_store_url(f"sqlite://{tmp_path / 'x.db'}"))
+    store = open_store(parse_store_url(f"sqlite:///{tmp_path / 'x.db'}"))
     try:
         assert type(store).__module__ == backend("sqlite").module
     finally:

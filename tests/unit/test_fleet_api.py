@@ -113,7 +113,7 @@ def test_scheduler_options_are_checked_when_the_scheduler_is_made() -> None:
         fleet.scheduler(concurrency="4")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("backend", [5, b"sqlite:///tmp/x.db", 1.5, ["memory://"]])
+@pytest.mark.parametrize("backend", [5, b"sqlite:////tmp/x.db", 1.5, ["memory://"]])
 def test_a_backend_of_the_wrong_type_is_refused_at_once(backend: object) -> None:
     with pytest.raises(ConfigurationError, match="backend must be a URL string or an open store"):
         Fleet(backend)  # type: ignore[arg-type]

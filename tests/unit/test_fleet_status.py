@@ -86,7 +86,7 @@ def _status_args(backend: str, *arguments: str) -> argparse.Namespace:
 def test_fleetcron_status_lists_the_replicas(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"sqlite://{tmp_path / 'fleetcron.db'}"
+    url = f"sqlite:///{tmp_path / 'fleetcron.db'}"
     store = open_store(parse_store_url(url))
     try:
         schedule = {"kind": "every", "every_us": 60 * S}

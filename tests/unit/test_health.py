@@ -10,7 +10,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from fleetcron.health import MIN_GRACE_US, assess, expected_slot, row_state
-from fleetcron.models import JobRecord, RunRecord
+from fleetcron.models import TRIGGERS, JobRecord, RunRecord
 from fleetcron.schedules import CronSchedule, EverySchedule, from_datetime
 
 S = 1_000_000
@@ -68,6 +68,29 @@ def test_a_job_registered_just_now_is_not_overdue() -> None:
     health = assess(job(now_us=T0 + 2 * MIN), [])
     assert health.state == "ok"
     assert health.expected_slot_us is None
+
+
+def test_backfilled_rows_do_not_date_a_new_job_back_to_their_slots() -> None:
+    # Registered 22 minutes ago, every hour with a 10 minute grace; then three days of
+    # past slots were backfilled: queued, one of them already run. The job was first
+    # seen at its registration, not at the oldest backfilled slot.
+    now = T0 + 22 * MIN
+    hour = 60 * MIN
+    backfilled = [
+        replace(run(T0 - k * hour, "queued" if k > 48 else "succeeded"), trigger="backfill")
+        for k in range(48, 72 + 1)
+    ]
+    triggered = [replace(run(T0 - 80 * hour, "succeeded"), trigger="manual")]
+    row = job(every_us=hour, grace_us=10 * MIN, updated_us=now - MIN, now_us=now,
+              last_success_us=now - 30 * S)  # fmt: skip
+    for ledger in (backfilled, backfilled + triggered):
+        health = assess(row, ledger)
+        assert (health.state, health.expected_slot_us) == ("ok", None)
+        never_ran = replace(row, last_success_us=None)
+        assert assess(never_ran, ledger).state == "ok"
+    # A slot the scheduler recorded still counts: the job was there days ago.
+    missed = sorted([run(T0 - 50 * hour, "missed"), *backfilled], key=lambda r: -r.slot_us)
+    assert assess(replace(row, last_success_us=None), missed).state == "overdue"
 
 
 def test_no_success_by_the_next_slot_makes_a_job_overdue() -> None:
@@ -234,6 +257,7 @@ def _rows_and_ledgers(draw: st.DrawFn) -> tuple[JobRecord, list[RunRecord], int]
     ledger = []
     for slot in slots:
         made = run(slot, draw(st.sampled_from(states)), now_us=now)
+        made = replace(made, trigger=draw(st.sampled_from(TRIGGERS)))
         if made.state == "running":  # a run whose holder vanished: its lease expired
             made = replace(made, expires_us=now - draw(st.integers(0, 60)) * S)
         ledger.append(made)

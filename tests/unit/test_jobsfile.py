@@ -57,7 +57,7 @@ def test_a_full_jobs_file_loads_with_every_key(tmp_path: Path) -> None:
         tmp_path,
         f"""
 [fleetcron]
-backend = "sqlite:///tmp/x.db"
+backend = "sqlite:////tmp/x.db"
 namespace = "prod"
 mode = "leader"
 
@@ -94,7 +94,7 @@ command = ["report"]
     loaded = load_jobs_file(path, now_us=NOW)
 
     assert (loaded.backend, loaded.namespace, loaded.mode, loaded.path) == (
-        "sqlite:///tmp/x.db",
+        "sqlite:////tmp/x.db",
         "prod",
         "leader",
         path,

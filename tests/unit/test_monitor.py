@@ -57,6 +57,24 @@ async def test_an_overdue_job_is_said_once_per_slot_and_its_recovery_once(
     assert _actions(caplog) == ["job_overdue", "job_overdue", "job_recovered"]
 
 
+async def test_a_job_registered_just_now_and_backfilled_raises_no_alert() -> None:
+    clock = FakeClock(wall_us=T0 + 22 * MIN)  # 22 minutes past an hour
+    store = MemoryStore(clock=clock)
+    hourly = {"schedule": {"kind": "every", "every_us": 60 * MIN}, "grace_us": 10 * MIN}
+    store.run(store.ops.job_register(NS, [("hourly", json.dumps(hourly), "f" * 32)]))
+    days_ago = [T0 - k * 60 * MIN for k in range(72, 47, -1)]
+    assert store.run(store.ops.run_backfill(NS, "hourly", days_ago)) == len(days_ago)
+    alerts: list[Alert] = []
+    monitor = Monitor(AsyncMemoryStore(store), NS, "host:1:secret", on_alert=alerts.append)
+    status = await monitor.watch()
+    assert status is not None
+    assert [(h.job, h.state) for h in status.jobs] == [("hourly", "ok")]
+    assert alerts == []
+    clock.advance(60 * 60)  # the slot T0+1h passes its grace with no success: now it is
+    await monitor.watch()
+    assert [(a.event, a.slot_us) for a in alerts] == [("overdue", T0 + 60 * MIN)]
+
+
 async def test_what_was_said_survives_a_change_of_watcher() -> None:
     store, clock = _fleet()
     said: list[tuple[str, str, int | None]] = []

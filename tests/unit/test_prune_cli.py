@@ -15,7 +15,7 @@ from fleetcron import Fleet
 def test_a_dry_run_that_reaches_its_count_bound_says_at_least(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"sqlite://{tmp_path / 'fleetcron.db'}"
+    url = f"sqlite:///{tmp_path / 'fleetcron.db'}"
     with Fleet(url, namespace="ns") as fleet:
         store, ops = fleet.store, fleet.store.ops
         store.run(ops.job_register("ns", [("big", "{}", "fp"), ("small", "{}", "fp")]))

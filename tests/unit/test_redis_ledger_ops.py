@@ -455,7 +455,8 @@ def test_set_paused_reports_an_unknown_job(paused: bool, flag: int) -> None:
 
     assert drive(REDIS.job_set_paused(NS, "backup", paused), execute) is True
     assert drive(REDIS.job_set_paused(NS, "backup", paused), execute) is False
-    assert execute.statements[0] == Script("job_set_paused", (JOB,), (flag,))
+    # The slot index: a resumed row holding only a pause recorded ahead goes if it is empty.
+    assert execute.statements[0] == Script("job_set_paused", (JOB, SLOTS), (flag, "backup"))
 
 
 def test_job_get_and_list() -> None:

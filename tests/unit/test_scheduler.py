@@ -14,6 +14,7 @@ import functools
 import itertools
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -244,8 +245,9 @@ async def test_a_restart_says_the_slots_missed_while_no_replica_ran_in_one_line_
 
 
 async def test_a_replica_that_falls_behind_records_late_slots_missed_instead_of_running_them(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="fleetcron")
     tolerance = 300_000
     monkeypatch.setattr(planning, "LATE_TOLERANCE_US", tolerance)
     store = MemoryStore()
@@ -270,6 +272,9 @@ async def test_a_replica_that_falls_behind_records_late_slots_missed_instead_of_
     assert missed
     assert {r.state for r in rows} <= {"succeeded", "missed"}
     assert all(r.error == MISSED_ERROR and r.attempt == 0 for r in missed)
+    said = [r.getMessage() for r in caplog.records if getattr(r, "action", "") == "slot_missed"]
+    assert said
+    assert all(f" missed: {MISSED_ERROR} (catchup = skip)" in line for line in said), said
     for run in ran:  # nothing started past its deadline: on time or not at all
         assert run.started_us is not None
         assert run.started_us - run.slot_us <= tolerance
@@ -628,13 +633,16 @@ def _ten_seconds_behind(
     return scheduler, now
 
 
-async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round_trip() -> None:
+async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round_trip(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     store = MemoryStore()
     counting = Counting(store)
     names = [f"job-{index}" for index in range(100)]  # 9-10 missed slots each
     scheduler, now = _ten_seconds_behind(counting, store, names)
 
-    await scheduler._tick(0.0)
+    with caplog.at_level(logging.WARNING, logger="fleetcron"):
+        await scheduler._tick(0.0)
 
     assert counting.calls["run_record_many"] == 1
     assert counting.calls["run_record"] == 0
@@ -648,6 +656,11 @@ async def test_the_missed_slots_of_every_job_of_a_pass_are_recorded_in_one_round
     }
     assert all(len(rows) >= 3 for rows in missed.values()), "each job's late slots recorded"
     assert all(r.error == MISSED_ERROR for rows in missed.values() for r in rows)
+    # Said once per job, the recorded reason one wording.
+    said = [r.getMessage() for r in caplog.records if getattr(r, "action", "") == "slot_missed"]
+    assert len(said) == len(names)
+    line = r"job-\d+: \d+ slots missed behind schedule: no replica started them in time \(.*"
+    assert all(re.fullmatch(line, text) for text in said), said[:2]
 
 
 class RegisteringMeanwhile(Counting):

@@ -20,7 +20,7 @@ def _cap_at_current_size(store: SqliteStore) -> None:
 
 
 def test_a_full_database_is_unavailable_and_says_the_disk_is_full(tmp_path: Path) -> None:
-    store = open_store(parse_store_url(f"sqlite://{tmp_path / 'fc.db'}"))
+    store = open_store(parse_store_url(f"sqlite:///{tmp_path / 'fc.db'}"))
     assert isinstance(store, SqliteStore)
     try:
         _cap_at_current_size(store)

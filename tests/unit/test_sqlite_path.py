@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleetcron.errors import ConfigurationError
+from fleetcron.stores import open_existing_store, open_store, parse_store_url
 from fleetcron.stores.sql.sqlite import check_sqlite_path, filesystem_type
 
 
@@ -76,3 +77,30 @@ def test_a_network_filesystem_is_refused_before_any_directory_is_created(tmp_pat
     with pytest.raises(ConfigurationError, match="network filesystem"):
         check_sqlite_path(target, create_parent=True, mountinfo=mountinfo)
     assert not (share / "state").exists()
+
+
+def test_a_three_slash_url_whose_directory_exists_only_from_the_root_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Run from `work`, where tmp/… does not exist; /tmp/… does.
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    relative = f"{str(tmp_path).lstrip('/')}/x.db"  # e.g. tmp/pytest-of-u/…/x.db
+    url = parse_store_url(f"sqlite:///{relative}")
+    expected = (
+        f"backend URL 'sqlite:///{relative}' names {relative} relative to the working "
+        f"directory {work}, whose directory {Path(relative).parent} does not exist; for the "
+        f"absolute path {tmp_path / 'x.db'} write 'sqlite:///{tmp_path / 'x.db'}'"
+    )
+    for opening in (open_store, open_existing_store):
+        with pytest.raises(ConfigurationError) as raised:
+            opening(url)
+        assert raised.value.message == expected
+    assert list(work.iterdir()) == []
+    assert not (tmp_path / "x.db").exists()
+    # Where the directory is there from the working directory, the URL names that file.
+    (work / Path(relative).parent).mkdir(parents=True)
+    open_store(url).close()
+    assert (work / relative).is_file()
+    assert not (tmp_path / "x.db").exists()

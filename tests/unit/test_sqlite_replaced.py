@@ -30,7 +30,7 @@ OTHER = "another file is at that path now"
 
 
 def _open(path: Path) -> SqliteStore:
-    store = open_store(parse_store_url(f"sqlite://{path}"))
+    store = open_store(parse_store_url(f"sqlite:///{path}"))
     assert isinstance(store, SqliteStore)
     return store
 

@@ -229,7 +229,7 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[Sync
     if request.param == "memory":
         yield [MemoryStore(), MemoryStore()]
         return
-    opened = [open_store(parse_store_url(f"sqlite://{tmp_path / f'{n}.db'}")) for n in (1, 2)]
+    opened = [open_store(parse_store_url(f"sqlite:///{tmp_path / f'{n}.db'}")) for n in (1, 2)]
     try:
         yield opened
     finally:

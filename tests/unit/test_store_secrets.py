@@ -46,14 +46,14 @@ def test_a_percent_encoded_password_is_masked_as_written_and_decoded() -> None:
     [
         None,
         "",
-        "sqlite:///var/lib/app/fleetcron.db",
+        "sqlite:////var/lib/app/fleetcron.db",
         "memory://",
         "postgresql://postgres@127.0.0.1:5432/test",
         "postgresql://postgres:@127.0.0.1:5432/test",  # an empty password
     ],
 )
 def test_a_url_without_a_password_masks_nothing(url: str | None) -> None:
-    text = f"the store is {url}; sqlite:///var/lib/app/fleetcron.db; postgres@127.0.0.1"
+    text = f"the store is {url}; sqlite:////var/lib/app/fleetcron.db; postgres@127.0.0.1"
     assert Scrubber(url).scrub(text) == text
     assert Scrubber(url).scrub(text, cut=True) == text
     assert Scrubber(url).secrets == ()

@@ -7,14 +7,14 @@ import pytest
 
 from fleetcron.errors import ConfigurationError
 from fleetcron.stores import resolve_backend
-from fleetcron.stores.url import default_sqlite_path, parse_store_url, redact
+from fleetcron.stores.url import default_sqlite_path, parse_store_url, redact, sqlite_url
 
 
 @pytest.mark.parametrize(
     ("url", "kind"),
     [
         ("memory://", "memory"),
-        ("sqlite:///var/lib/app/fc.db", "sqlite"),
+        ("sqlite:////var/lib/app/fc.db", "sqlite"),
         ("postgresql://app:pw@db:5432/app", "postgres"),
         ("postgres://db/app", "postgres"),
         ("mysql://root@127.0.0.1/test", "mysql"),
@@ -27,8 +27,29 @@ def test_each_scheme_names_its_backend(url: str, kind: str) -> None:
     assert parse_store_url(url).kind == kind
 
 
-def test_sqlite_urls_carry_an_absolute_path() -> None:
-    assert parse_store_url("sqlite:///var/lib/app/fc.db").path == Path("/var/lib/app/fc.db")
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:////var/lib/app/fc.db", "/var/lib/app/fc.db"),  # four slashes: absolute
+        ("sqlite://///var/lib/app/fc.db", "/var/lib/app/fc.db"),
+        ("sqlite:///var/lib/app/fc.db", "var/lib/app/fc.db"),  # three: the working directory's
+        ("sqlite:///fc.db", "fc.db"),
+        ("sqlite:///./data/fc.db?timeout=5", "data/fc.db"),
+        ("sqlite:///../fc.db", "../fc.db"),
+        ("sqlite:///my%20data/fc%3F.db", "my data/fc?.db"),
+    ],
+)
+def test_sqlite_urls_read_as_sqlalchemy_reads_them(url: str, path: str) -> None:
+    assert parse_store_url(url).path == Path(path)
+
+
+@pytest.mark.parametrize(
+    "path", ["/var/lib/app/fc.db", "fc.db", "data/fc.db", "/tmp/a b/fc?#%.db", "../x.db"]
+)
+def test_sqlite_url_spells_a_path_so_that_it_reads_back(path: str) -> None:
+    url = sqlite_url(Path(path))
+    assert url.startswith("sqlite:////" if path.startswith("/") else "sqlite:///")
+    assert parse_store_url(url).path == Path(path)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +127,7 @@ def test_mysql_urls_carry_connect_read_and_write_timeouts() -> None:
         "postgresql://app@db/app",
         "mysql://root@db/app",
         "redis://127.0.0.1:6379/0",
-        "sqlite:///tmp/x.db",
+        "sqlite:////tmp/x.db",
     ],
 )
 def test_every_backend_has_the_same_default_timeouts(url: str) -> None:
@@ -125,7 +146,7 @@ def test_every_backend_has_the_same_default_timeouts(url: str) -> None:
         ),
         ("mysql://root@db/app?timeout=500ms", 0.5, 10.0, "mysql://root@db/app"),
         ("redis://127.0.0.1/0?connect_timeout=1.5s", 30.0, 1.5, "redis://127.0.0.1/0"),
-        ("sqlite:///tmp/x.db?timeout=5", 5.0, 10.0, "sqlite:///tmp/x.db"),
+        ("sqlite:////tmp/x.db?timeout=5", 5.0, 10.0, "sqlite:////tmp/x.db"),
     ],
 )
 def test_timeouts_are_read_from_any_backend_url_and_kept_from_the_driver(
@@ -223,8 +244,8 @@ def test_bad_postgres_url_parameters_are_refused_before_connecting(url: str, pro
     [
         ("sqlite:///:memory:", "use memory://"),
         ("sqlite://:memory:", "use memory://"),
-        ("sqlite:///tmp/x.db?mode=ro", "unknown parameter(s) mode"),
-        ("sqlite:///tmp/x.db?connect_timeout=1", "connect_timeout has no meaning for SQLite"),
+        ("sqlite:////tmp/x.db?mode=ro", "unknown parameter(s) mode"),
+        ("sqlite:////tmp/x.db?connect_timeout=1", "connect_timeout has no meaning for SQLite"),
         ("memory://somewhere", "memory:// takes nothing"),
     ],
 )
@@ -268,7 +289,7 @@ def test_postgres_prepared_statements_are_read_from_the_url_and_kept_from_the_dr
         ("postgresql://db/app?prepared_statements=", "must be on or off, not ''"),
         ("mysql://root@db/app?prepared_statements=off", "is a PostgreSQL parameter"),
         ("redis://127.0.0.1/0?prepared_statements=off", "is a PostgreSQL parameter"),
-        ("sqlite:///tmp/x.db?prepared_statements=off", "unknown parameter(s) prepared_statements"),
+        ("sqlite:////tmp/x.db?prepared_statements=off", "unknown parameter(s) prepared_statements"),
     ],
 )
 def test_a_prepared_statements_parameter_that_would_not_work_is_refused(
@@ -336,7 +357,7 @@ def test_port_0_no_longer_becomes_the_mysql_default() -> None:
         ("redis://127.0.0.1?db=1&db=2", "db"),
         ("rediss://h/0?ssl_cert_reqs=none&timeout=1&ssl_cert_reqs=required", "ssl_cert_reqs"),
         ("mysql://root@db/app?unix_socket=/a&unix_socket=/b", "unix_socket"),
-        ("sqlite:///tmp/x.db?timeout=5&timeout=6", "timeout"),
+        ("sqlite:////tmp/x.db?timeout=5&timeout=6", "timeout"),
         ("mysql://root@db/app?time%6Fut=5&timeout=6", "timeout"),  # one name, spelt twice
         ("mysql://root@db/app?timeout=5&timeout=5", "timeout"),  # even the same value
         ("redis://h/0?db=1&timeout=1&db=2&timeout=2", "db, timeout"),
@@ -366,16 +387,18 @@ def test_a_repeated_password_parameter_is_refused_without_showing_either_value()
         ("sqlite://relative.db?timeout=5", "relative.db"),
     ],
 )
-def test_a_sqlite_url_with_two_slashes_is_refused_showing_the_absolute_spelling(
+def test_a_sqlite_url_with_two_slashes_is_refused_showing_both_spellings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str, path: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigurationError) as raised:
         parse_store_url(url)
     message = raised.value.message
-    assert message.startswith(f"backend URL {url!r}: a SQLite URL takes an absolute path")
-    assert "(three slashes: sqlite:///var/lib/app/fleetcron.db)" in message
-    assert message.endswith(f"for {path!r} here, write {f'sqlite://{tmp_path / path}'!r}")
+    assert message.startswith(
+        f"backend URL {url!r}: a SQLite URL has no host; its path follows a third slash"
+    )
+    assert f"write 'sqlite:///{Path(path)}' for {path} relative to the working directory" in message
+    assert message.endswith(f"or {f'sqlite:///{tmp_path / path}'!r} for {tmp_path / path}")
 
 
 def test_a_sqlite_url_under_the_home_directory_is_spelt_out(
@@ -384,11 +407,19 @@ def test_a_sqlite_url_under_the_home_directory_is_spelt_out(
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ConfigurationError) as raised:
         parse_store_url("sqlite://~/fc.db")
-    assert raised.value.message.endswith(f"write {f'sqlite://{tmp_path}/fc.db'!r}")
+    assert raised.value.message.endswith(f"write {f'sqlite:///{tmp_path}/fc.db'!r}")
 
 
-def test_the_three_slash_sqlite_url_is_absolute() -> None:
-    assert parse_store_url("sqlite:///relative.db").path == Path("/relative.db")
+def test_the_default_store_is_spelt_with_four_slashes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("FLEETCRON_BACKEND", "FLEETCRON_BACKEND_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    default = resolve_backend()
+    assert default.raw == f"sqlite:///{tmp_path}/fleetcron/fleetcron.db"
+    assert default.raw.startswith("sqlite:////")
+    assert parse_store_url(default.raw).path == default.path == default_sqlite_path()
 
 
 @pytest.mark.parametrize("value", ["١٠", "１０", "٣s", "1.٥"])
@@ -396,3 +427,13 @@ def test_a_url_timeout_in_digits_other_than_ascii_is_refused_saying_so(value: st
     with pytest.raises(ConfigurationError) as raised:
         parse_store_url(f"redis://127.0.0.1/0?timeout={value}")
     assert raised.value.message.endswith(f"written in ASCII digits 0-9, not {value!r}")
+
+
+def test_a_relative_sqlite_url_is_shown_with_the_file_it_names_from_here(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = parse_store_url("sqlite:///data/fc.db")
+    assert relative.shown == f"sqlite:///data/fc.db ({tmp_path / 'data' / 'fc.db'})"
+    absolute = parse_store_url(f"sqlite:///{tmp_path / 'fc.db'}")
+    assert absolute.shown == absolute.redacted == f"sqlite:///{tmp_path / 'fc.db'}"

@@ -58,13 +58,7 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
         wait=options.wait,
         mode="advisory" if options.lock_mode == "advisory" else "lease",
     )
-    if lease is None:
-        log.info(
-            "lock %s is held by another holder; %s skipped",
-            options.name,
-            options.command[0],
-            extra={"action": "lock_skipped", "lock": options.name},
-        )
+    if lease is None:  # said by try_lock, once (lock_skipped)
         return options.skipped_exit_code
     pings = RunPings(options, str(uuid.uuid4()))
     pings.start()
@@ -93,7 +87,7 @@ def run_exec(fleet: Fleet, options: ExecOptions, backend_url: str | None) -> int
             status = EXIT_LEASE_LOST
         return status
     finally:
-        pings.finish(run_outcome(status, cancel_requested=False))
+        pings.finish(run_outcome(status, False, options))
 
 
 def _group_namer(fleet: Fleet, lease: Lease) -> Callable[[int], object] | None:

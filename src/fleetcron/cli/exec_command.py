@@ -53,7 +53,7 @@ from fleetcron.local_holder import PENDING_GROUP
 from fleetcron.models import RunOutcome
 from fleetcron.reaper import Reaper
 
-__all__ = ["run_command", "run_outcome"]
+__all__ = ["ceiling_error", "run_command", "run_outcome"]
 
 # Why the command was asked to stop (the first reason wins).
 _LEASE_LOST = "lease_lost"
@@ -227,9 +227,16 @@ def _exit_status(lease: Lease, options: ExecOptions, reason: str | None, returnc
     # The local deadline passed while the command ran (this process was paused past it, and
     # the keepalive had no chance to say so yet): the lease is not trusted any more.
     if reason == _LEASE_LOST or lease.is_lost or lease.remaining_us() <= 0:
+        # Without keepalive nothing renews the lease, by request: its end is the run's
+        # ceiling, reached, not a loss.
+        said = (
+            f"lease on {options.name} lost; command stopped"
+            if options.keepalive
+            else f"{options.name}: {ceiling_error(options.lock_at_most)}"
+        )
         log.error(
-            "lease on %s lost; command stopped (exit %d)",
-            options.name,
+            "%s (exit %d)",
+            said,
             status,
             extra={"action": "run_lost", "lock": options.name, "fence": lease.fence},
         )
@@ -254,18 +261,30 @@ def _exit_status(lease: Lease, options: ExecOptions, reason: str | None, returnc
     return status
 
 
+def ceiling_error(lock_at_most: str) -> str:
+    """What ends a run without keepalive at its lease's end: not a loss, its ceiling."""
+    return f"stopped: the run reached --lock-at-most ({lock_at_most}) without keepalive"
+
+
 def run_outcome(
-    status: int | None, cancel_requested: bool, reason: str = "cancel requested"
+    status: int | None,
+    cancel_requested: bool,
+    options: ExecOptions,
+    reason: str = "cancel requested",
 ) -> RunOutcome:
     """The outcome exec's exit ``status`` amounts to, for the ledger and the pings
-    (``None``: exec failed before the command ended); ``reason``: why a cancelled run was
-    asked to stop."""
+    (``None``: exec failed before the command ended); ``options`` say whether the lease
+    was kept alive (without keepalive its end is the run's ceiling, not a loss);
+    ``reason``: why a cancelled run was asked to stop."""
     if status is None:
         return RunOutcome(state="failed", error="fleetcron exec failed before the command ended")
     if cancel_requested:
         return RunOutcome(state="cancelled", exit_code=status, error=reason)
     if status == EXIT_LEASE_LOST:
-        return RunOutcome(state="lost", exit_code=status, error="lease lost; command stopped")
+        error = "lease lost; command stopped"
+        if not options.keepalive:
+            error = ceiling_error(options.lock_at_most)
+        return RunOutcome(state="lost", exit_code=status, error=error)
     if status == EXIT_TIMEOUT:
         return RunOutcome(state="failed", exit_code=status, error="timed out")
     if status == 0:

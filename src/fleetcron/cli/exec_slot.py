@@ -282,9 +282,8 @@ def run_exec_schedule(
 
         # The command's output is passed through, not stored; what is stored is scrubbed
         # all the same (fleetcron.scrub), as the daemon's outcomes are.
-        outcome = Scrubber(backend_url).outcome(
-            run_outcome(status, lease.cancel_requested, lease.cancel_reason)
-        )
+        ended = run_outcome(status, lease.cancel_requested, options, lease.cancel_reason)
+        outcome = Scrubber(backend_url).outcome(ended)
         try:
             lease.finish(outcome, on_retry=retrying)
         except Exception as error:

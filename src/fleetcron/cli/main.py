@@ -454,9 +454,9 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         finally:
             store.close()
         if applied:
-            print(f"applied {', '.join(applied)} to {url.redacted}")  # noqa: T201
+            print(f"applied {', '.join(applied)} to {url.shown}")  # noqa: T201
         else:
-            print(f"schema of {url.redacted} is up to date")  # noqa: T201
+            print(f"schema of {url.shown} is up to date")  # noqa: T201
         return 0
     if args.command == "next":
         return next_cmd.run(args)

@@ -27,7 +27,7 @@ from fleetcron.models import RunRecord, display_holder, micros_to_datetime
 from fleetcron.names import NAMESPACE_ENV, validate_job_name, validate_namespace
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.schedules import from_datetime, iso_utc, schedule_from_definition
-from fleetcron.stores import open_async_store, open_existing_store, resolve_backend
+from fleetcron.stores import StoreURL, open_async_store, open_existing_store, resolve_backend
 
 __all__ = [
     "BACKFILL_MAX_SLOTS",
@@ -217,7 +217,7 @@ def run_run(args: argparse.Namespace) -> int:
                 store, jobs_file.jobs, options, metrics=metrics, queues=jobs_file.queues
             )
             # host:pid only: the token after it is the holder's secret (it can release leases)
-            _log_start(url.redacted, options, jobs_file, display_holder(scheduler.holder), served)
+            _log_start(url, options, jobs_file, display_holder(scheduler.holder), served)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, scheduler.stop)
@@ -248,9 +248,10 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def _log_start(
-    store: str, options: SchedulerOptions, jobs: JobsFile, replica: str, served: list[str]
+    store: StoreURL, options: SchedulerOptions, jobs: JobsFile, replica: str, served: list[str]
 ) -> None:
-    """One line that says what this replica runs, where, as whom, and what it serves."""
+    """One line that says what this replica runs, where (a SQLite path relative to the
+    working directory with the file it names), as whom, and what it serves."""
     log.info(
         "fleetcron %s: %d job(s) and %d queue(s) of %s in namespace %r on %s, %s mode, "
         "replica %s%s",
@@ -259,13 +260,13 @@ def _log_start(
         len(jobs.queues),
         jobs.path or "the jobs file",
         options.namespace,
-        store,
+        store.shown,
         options.mode,
         replica,
         "".join(f", {what}" for what in served),
         extra={
             "action": "replica_starting",
-            "store": store,
+            "store": store.redacted,
             "namespace": options.namespace,
             "mode": options.mode,
             "jobs": len(jobs.jobs),
@@ -400,13 +401,19 @@ def run_runs(args: argparse.Namespace) -> int:
 
 
 def run_pause(args: argparse.Namespace, paused: bool) -> int:
-    """``fleetcron pause JOB`` / ``resume JOB``: persisted in the store for every replica."""
+    """``fleetcron pause JOB`` / ``resume JOB``: persisted in the store for every replica.
+
+    A job no replica has registered yet may be paused ahead of its deploy: it starts
+    paused, and a note says the job is not defined yet. Resuming such a pause takes it
+    back (the row held nothing else); resuming a job the store has no row of is an error.
+    """
     url = resolve_backend(getattr(args, "backend", None))
     namespace = _namespace(args, None)
     args.job = _job_arg(args)
     store = open_existing_store(url)
     try:
         known = store.run(store.ops.job_set_paused(namespace, args.job, paused))
+        row = store.run(store.ops.job_get(namespace, args.job)) if known else None
     finally:
         store.close()
     if not known:
@@ -414,6 +421,17 @@ def run_pause(args: argparse.Namespace, paused: bool) -> int:
             f"no job {args.job!r} in namespace {namespace!r} (jobs register when a replica runs)"
         )
     print(f"{args.job}: {'paused' if paused else 'resumed'}")  # noqa: T201
+    undefined = f"no job named {args.job} is defined"
+    if row is None:  # resumed: the row held nothing but a pause recorded ahead
+        note = f"{undefined} in namespace {namespace!r}; the pause recorded ahead of it is removed"
+    elif paused and row.fingerprint == "" and row.definition in ("", "{}"):
+        note = (
+            f"{undefined} yet in namespace {namespace!r}; it will start paused when a replica "
+            "registers it"
+        )
+    else:
+        return 0
+    print(f"note: {note}")  # noqa: T201
     return 0
 
 

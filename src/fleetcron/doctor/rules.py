@@ -35,9 +35,9 @@ def diagnose(facts: Facts) -> list[Finding]:
         Finding(
             level="ok",
             check=f"job {name}",
-            message="no definition in the store (run by an older `fleetcron exec "
-            "--schedule`, or registered by another version): its schedule and terms are "
-            "not checked",
+            message="no definition in the store (no replica has registered it yet, as a "
+            "job paused ahead of its deploy; or run by an older `fleetcron exec --schedule`, "
+            "or registered by another version): its schedule and terms are not checked",
         )
         for name in facts.undefined_jobs
     ]

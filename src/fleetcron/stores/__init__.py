@@ -12,7 +12,13 @@ from fleetcron._log import log
 from fleetcron.errors import ConfigurationError
 from fleetcron.stores.backends import backend, entry_points, missing_driver
 from fleetcron.stores.base import AsyncStore, Capability, SyncStore
-from fleetcron.stores.url import StoreURL, default_sqlite_path, parse_store_url, url_passwords
+from fleetcron.stores.url import (
+    StoreURL,
+    default_sqlite_path,
+    parse_store_url,
+    sqlite_url,
+    url_passwords,
+)
 
 __all__ = [
     "AsyncStore",
@@ -46,7 +52,8 @@ def resolve_backend(explicit: str | None = None, configured: str | None = None) 
     if configured is not None:
         return parse_store_url(configured)
     path = default_sqlite_path()
-    return StoreURL(raw=f"sqlite://{path}", kind="sqlite", redacted=f"sqlite://{path}", path=path)
+    url = sqlite_url(path)
+    return StoreURL(raw=url, kind="sqlite", redacted=url, path=path)
 
 
 _FILE_TYPES = (

@@ -440,7 +440,17 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         ...
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
-        """Pause or resume; ``False`` when the job is unknown."""
+        """Pause or resume the job on every replica; ``False`` only when resuming a job the
+        store has no row of (nothing changes).
+
+        Pausing a job with no row records the pause ahead of its registration: a row
+        without a definition or fingerprint (as a claim or trigger that comes first makes),
+        which :meth:`job_register` fills in and keeps paused — the job starts paused.
+        Resuming a row that holds nothing but such a pause (no definition, fingerprint,
+        high-water mark, success or failure, and no run row of the job) deletes it
+        (:func:`fleetcron.stores.ledger.placeholder`). Each is atomic on its own; SQL
+        backends other than SQLite resume in two statements, a registration or pause
+        between them leaving the row as it would after both."""
         ...
 
     def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:

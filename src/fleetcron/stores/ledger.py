@@ -25,12 +25,15 @@ __all__ = [
     "decide_finish",
     "new_job",
     "noted_run",
+    "placeholder",
     "recorded_run",
     "stored_text",
 ]
 
 LOST_ERROR = "the holder's lease expired without an outcome"
-MISSED_ERROR = "no replica started it before its deadline (catchup policy)"
+MISSED_ERROR = "not started by its deadline"
+"""The reason of a ``missed`` row, however it was recorded (a claim past its deadline, or
+slots catch-up gives up); the log lines say it after "missed: ", with the job's policy."""
 OUTPUT_LIMIT = 4096
 
 
@@ -72,6 +75,19 @@ def new_job(namespace: str, job: str, now: int) -> JobRecord:
         last_failure_us=None,
         updated_us=now,
         now_us=now,
+    )
+
+
+def placeholder(job: JobRecord) -> bool:
+    """Whether the job row holds nothing but what a pause (or a claim or trigger) before
+    any registration made: no definition nor fingerprint, and no progress. Resuming such a
+    row that no run row names deletes it (a pause recorded ahead of a deploy, taken back)."""
+    return (
+        job.fingerprint == ""
+        and job.definition in ("", "{}")
+        and job.high_water_us is None
+        and job.last_success_us is None
+        and job.last_failure_us is None
     )
 
 

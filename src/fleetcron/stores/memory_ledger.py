@@ -26,6 +26,7 @@ from fleetcron.stores.ledger import (
     decide_finish,
     new_job,
     noted_run,
+    placeholder,
     stored_text,
 )
 from fleetcron.stores.memory_state import State, atomic
@@ -351,10 +352,17 @@ class MemoryLedger:
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
         def step(state: State, now: int) -> bool:
-            before = state.jobs.get((namespace, job))
-            if before is None:
+            key = (namespace, job)
+            before = state.jobs.get(key)
+            if before is None and not paused:
                 return False
-            state.jobs[(namespace, job)] = replace(before, paused=paused, updated_us=now)
+            base = before if before is not None else new_job(namespace, job, now)
+            row = replace(base, paused=paused, updated_us=now)
+            has_runs = any(run_key[:2] == key for run_key in state.runs)
+            if placeholder(row) and not paused and not has_runs:
+                del state.jobs[key]
+            else:
+                state.jobs[key] = row
             return True
 
         result: bool = yield atomic(step)

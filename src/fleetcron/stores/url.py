@@ -22,6 +22,7 @@ __all__ = [
     "default_sqlite_path",
     "parse_store_url",
     "redact",
+    "sqlite_url",
     "url_passwords",
 ]
 
@@ -61,6 +62,17 @@ class StoreURL:
     def driver_url(self) -> str:
         """The URL handed to the driver."""
         return self.driver or self.raw
+
+    @property
+    def shown(self) -> str:
+        """``redacted``, and for a SQLite path relative to the working directory the
+        absolute path it names from here: what a start-up line prints."""
+        if self.path is None or self.path.is_absolute() or str(self.path).startswith("~"):
+            return self.redacted
+        try:
+            return f"{self.redacted} ({Path.cwd() / self.path})"
+        except OSError:  # a deleted working directory
+            return self.redacted
 
     @property
     def query(self) -> dict[str, str]:
@@ -276,23 +288,39 @@ def _take_prepared(url: str, kind: str, redacted: str) -> tuple[str, bool]:
     return rest, value
 
 
-def _absolute_spelling(path_text: str) -> str:
-    """How to write ``path_text``, taken relative to this process's working directory
-    (or to the home directory, for ``~``), as a SQLite URL; empty when there is no
-    working directory to say."""
+def sqlite_url(path: Path) -> str:
+    """The SQLite URL of ``path``, as :func:`parse_store_url` reads it back: ``sqlite:///``
+    then the path, so four slashes for an absolute path (``sqlite:////var/lib/fc.db``) and
+    three for one relative to the working directory (``sqlite:///fc.db``); ``%``, ``?``
+    and ``#`` are percent-encoded."""
+    text = str(path)
+    for char, code in (("%", "%25"), ("?", "%3F"), ("#", "%23")):
+        text = text.replace(char, code)
+    return f"sqlite:///{text}"
+
+
+def _host_spellings(written: str) -> str:
+    """How to write the path of ``sqlite://<written>``, where a reader takes a host (as
+    SQLAlchemy does): relative to the working directory, and absolute; only the absolute
+    one for ``~`` (the home directory); nothing when there is no working directory."""
+    path = Path(written)
+    relative = f"write {sqlite_url(path)!r} for {written} relative to the working directory"
     try:
-        path = Path(path_text).expanduser() if path_text.startswith("~") else Path(path_text)
+        if written.startswith("~"):
+            return f"; write {sqlite_url(path.expanduser())!r}"
         absolute = Path.cwd() / path
     except (OSError, RuntimeError):  # a deleted working directory, an unknown home
-        return ""
-    return f" — for {path_text!r} here, write {f'sqlite://{absolute}'!r}"
+        return f"; {relative}"
+    return f"; {relative}, or {sqlite_url(absolute)!r} for {absolute}"
 
 
 def _sqlite_url(url: str, rest: str, redacted: str) -> StoreURL:
+    """``sqlite:///<path>`` read as SQLAlchemy reads it: what follows the third slash is
+    the path, relative to the working directory unless it starts with ``/`` (four
+    slashes). ``sqlite://<x>`` is refused: a reader that takes ``<x>`` for a host, as
+    SQLAlchemy does, opens another file than one that takes it for a path."""
     written, _, query = rest.partition("?")
     path_text = urllib.parse.unquote(written)
-    if not path_text or path_text == "/":
-        raise ConfigurationError(f"backend URL {redacted!r} names no database file")
     if "\x00" in path_text:
         raise ConfigurationError(f"backend URL {redacted!r}: the path contains a NUL byte")
     if path_text.lstrip("/") == ":memory:":
@@ -300,17 +328,17 @@ def _sqlite_url(url: str, rest: str, redacted: str) -> StoreURL:
             f"backend URL {redacted!r}: an in-memory SQLite database is private to one "
             "connection; use memory:// for a store inside one process, or a file path"
         )
-    if not written.startswith("/"):
-        # sqlite://relative.db: a relative path names another file in each working
-        # directory (cron's is $HOME, a service's /), so two processes of one host could
-        # keep two ledgers and both run a slot. And the form is read differently elsewhere
-        # (SQLAlchemy takes what follows two slashes for a host, three for a relative
-        # path): only the absolute path, which no reader can mistake, is taken.
+    if path_text and not path_text.startswith("/"):
         raise ConfigurationError(
-            f"backend URL {redacted!r}: a SQLite URL takes an absolute path after sqlite:// "
-            "(three slashes: sqlite:///var/lib/app/fleetcron.db); a relative path would "
-            "name another file in each working directory" + _absolute_spelling(path_text)
+            f"backend URL {redacted!r}: a SQLite URL has no host; its path follows a third "
+            f"slash, relative to the working directory, or a fourth for an absolute path"
+            + _host_spellings(path_text)
         )
+    path_text = path_text[1:]
+    if path_text.startswith("/"):
+        path_text = "/" + path_text.lstrip("/")  # //x is /x, as the kernel reads it
+    if path_text in ("", "/"):
+        raise ConfigurationError(f"backend URL {redacted!r} names no database file")
     _check_repeated(url, redacted)
     params = [p.partition("=")[0] for p in query.split("&") if p]
     if "connect_timeout" in params:
@@ -345,7 +373,7 @@ def parse_store_url(url: str) -> StoreURL:
     if not sep:
         raise ConfigurationError(
             f"backend URL {redact(url)!r} has no scheme; use one of "
-            "sqlite:///path, postgresql://…, mysql://…, redis://…, memory://"
+            "sqlite:////abs/path, postgresql://…, mysql://…, redis://…, memory://"
         )
     kind = SCHEMES.get(scheme.lower())
     if kind is None:

@@ -284,6 +284,10 @@ def create_app(
             }
         else:
             paused = action == "pause"
+            # The dashboard acts on the jobs it shows: a pause ahead of a job's deploy is
+            # the CLI's (`fleetcron pause`), not a URL's.
+            if paused and await store.run(ops.job_get(namespace, job)) is None:
+                return None
             if not await store.run(ops.job_set_paused(namespace, job, paused)):
                 return None
             result = {"job": job, "paused": paused}

@@ -449,7 +449,11 @@ class _RedisLedger:
         return [job_of(namespace, reply) for reply in replies]
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
-        reply = yield Script("job_set_paused", (job_key(namespace, job),), (1 if paused else 0,))
+        reply = yield Script(
+            "job_set_paused",
+            (job_key(namespace, job), slots_key(namespace, job)),
+            (1 if paused else 0, job),
+        )
         return bool(reply)
 
     def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:

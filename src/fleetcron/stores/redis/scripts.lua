@@ -490,9 +490,25 @@ return before
 
 -- name: job_set_paused
 -- uses: now, ledger
--- KEYS[1] job row; ARGV: paused (1/0); returns 0 when the job is unknown, else 1
-if redis.call('HEXISTS', KEYS[1], 'job') == 0 then return 0 end
+-- KEYS[1] job row, KEYS[2] slot index; ARGV: paused (1/0), job
+-- pausing a job no replica registered yet makes its row (no definition; a registration
+-- fills it in and keeps the pause); resuming a row that holds nothing but such a pause (no
+-- definition, no progress, no run row) deletes it; returns 0 when resuming a job with no
+-- row, else 1
+if ARGV[1] == '1' then
+  ensure_job(KEYS[1], ARGV[2])
+elseif redis.call('HEXISTS', KEYS[1], 'job') == 0 then
+  return 0
+end
 redis.call('HSET', KEYS[1], 'paused', ARGV[1], 'updated', s(now))
+if ARGV[1] == '0' then
+  local r = redis.call('HMGET', KEYS[1], 'definition', 'fingerprint', 'high_water',
+                       'last_success', 'last_failure')
+  if (not r[1] or r[1] == '' or r[1] == '{}') and (not r[2] or r[2] == '')
+     and not r[3] and not r[4] and not r[5] and redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('DEL', KEYS[1])
+  end
+end
 return 1
 
 -- name: job_get

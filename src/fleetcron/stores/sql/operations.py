@@ -485,10 +485,17 @@ class SqlLedger:
         return [JOBS.first(result, namespace) for result in results]
 
     def job_set_paused(self, namespace: str, job: str, paused: bool) -> Operation[bool]:
-        result: SqlResult = yield Query(
-            "job_set_paused", {"namespace": namespace, "job": job, "paused": paused}
-        )
-        return bool(result.rows) or result.rowcount > 0
+        params = {"namespace": namespace, "job": job}
+        if paused:
+            yield Query("job_pause", params)
+            return True
+        result: SqlResult = yield Query("job_resume", params)
+        if not (result.rows or result.rowcount > 0):
+            return False
+        # A second statement, not one with the first: a registration or a pause between
+        # them leaves the row, resumed or paused again, as it would after both.
+        yield Query("job_forget", params)
+        return True
 
     def job_get(self, namespace: str, job: str) -> Operation[JobRecord | None]:
         result: SqlResult = yield Query("job_get", {"namespace": namespace, "job": job})

@@ -29,11 +29,12 @@ from fleetcron.stores.sql.runner import SqlSyncStore, column_names, store_error
 from fleetcron.stores.sql.sqlite_file import DatabaseFile
 from fleetcron.stores.sql.sqlite_operations import SqliteOperations
 from fleetcron.stores.sql.statements import SqlResult
-from fleetcron.stores.url import StoreURL, default_sqlite_path
+from fleetcron.stores.url import StoreURL, default_sqlite_path, sqlite_url
 
 __all__ = [
     "NETWORK_FILESYSTEMS",
     "SqliteStore",
+    "check_relative_directory",
     "check_sqlite_path",
     "filesystem_type",
     "open_sync",
@@ -190,6 +191,30 @@ def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
             time.sleep(0.01)
 
 
+def check_relative_directory(url: StoreURL) -> None:
+    """Refuse a URL of a path relative to the working directory (``sqlite:///tmp/x.db``)
+    whose directory is not there but is from the root (``/tmp``): most likely the
+    absolute path was meant, written with three slashes where it takes four. Said before
+    anything else, with both spellings, since any other error would name a directory
+    the writer never meant."""
+    assert url.path is not None
+    written = url.path
+    if written.is_absolute() or str(written).startswith("~"):
+        return
+    try:
+        here = Path.cwd()
+    except OSError:  # a deleted working directory: the open says so
+        return
+    rooted = Path("/") / written
+    if (here / written).parent.is_dir() or not rooted.parent.is_dir():
+        return
+    raise ConfigurationError(
+        f"backend URL {url.redacted!r} names {written} relative to the working directory "
+        f"{here}, whose directory {written.parent} does not exist; for the absolute path "
+        f"{rooted} write {sqlite_url(rooted)!r}"
+    )
+
+
 def _missing_store(path: Path) -> StoreMissing | None:
     """The error of a SQLite store that is not there — ``path`` or its directory does not
     exist, or the file is empty — else ``None``."""
@@ -231,6 +256,7 @@ class SqliteStore(SqlSyncStore):
         create: bool = True,
     ) -> None:
         assert url.path is not None
+        check_relative_directory(url)
         missing = None if create else _missing_store(url.path)
         if missing is not None:
             raise missing

@@ -547,11 +547,30 @@ UPDATE fleetcron_job
  WHERE namespace = %(namespace)s AND job = %(job)s;
 COMMIT;
 
--- name: job_set_paused
+-- name: job_pause
+-- A job no replica registered yet gets its row now, without a definition: a registration
+-- fills it in and keeps the pause.
+INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, updated_us)
+VALUES (%(namespace)s, %(job)s, TRUE, '{}', '',
+        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)))
+    ON DUPLICATE KEY UPDATE
+       paused = TRUE, updated_us = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6));
+
+-- name: job_resume
 UPDATE fleetcron_job
-   SET paused = %(paused)s,
+   SET paused = FALSE,
        updated_us = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
  WHERE namespace = %(namespace)s AND job = %(job)s;
+
+-- name: job_forget
+-- A resumed row that holds nothing but a pause recorded ahead (no definition, no progress,
+-- no run row): it goes (stores/ledger.py placeholder).
+DELETE FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job = %(job)s AND NOT paused
+   AND fingerprint = '' AND definition IN ('', '{}')
+   AND high_water_us IS NULL AND last_success_us IS NULL AND last_failure_us IS NULL
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run
+                    WHERE namespace = %(namespace)s AND job = %(job)s);
 
 -- name: job_get
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,

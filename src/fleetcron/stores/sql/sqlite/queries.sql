@@ -329,11 +329,29 @@ SELECT 1 FROM fleetcron_job
                     WHERE namespace = :namespace AND job = :job
                       AND state IN ('queued', 'running'));
 
--- name: job_set_paused
+-- name: job_pause
+-- A job no replica registered yet gets its row now, without a definition: a registration
+-- fills it in and keeps the pause.
 WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
-UPDATE fleetcron_job SET paused = :paused, updated_us = (SELECT t FROM now)
+INSERT INTO fleetcron_job (namespace, job, paused, definition, fingerprint, updated_us)
+SELECT :namespace, :job, 1, '{}', '', t FROM now WHERE true
+    ON CONFLICT (namespace, job) DO UPDATE SET paused = 1, updated_us = excluded.updated_us
+RETURNING 1;
+
+-- name: job_resume
+WITH now(t) AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)
+UPDATE fleetcron_job SET paused = 0, updated_us = (SELECT t FROM now)
  WHERE namespace = :namespace AND job = :job
 RETURNING 1;
+
+-- name: job_forget
+-- A resumed row that holds nothing but a pause recorded ahead (no definition, no progress,
+-- no run row): it goes (stores/ledger.py placeholder).
+DELETE FROM fleetcron_job
+ WHERE namespace = :namespace AND job = :job AND paused = 0
+   AND fingerprint = '' AND definition IN ('', '{}')
+   AND high_water_us IS NULL AND last_success_us IS NULL AND last_failure_us IS NULL
+   AND NOT EXISTS (SELECT 1 FROM fleetcron_run WHERE namespace = :namespace AND job = :job);
 
 -- name: job_get
 SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
