@@ -75,7 +75,7 @@ class Holders:
 
 @pytest.fixture
 def url(tmp_path: Path) -> str:
-    return f"sqlite://{tmp_path / 'fleetcron.db'}"
+    return f"sqlite:///{tmp_path / 'fleetcron.db'}"
 
 
 @pytest.fixture
@@ -224,7 +224,7 @@ def test_an_older_database_is_upgraded_and_its_held_leases_wait_for_their_expiry
             (namespace,),
         )
 
-    store = open_store(parse_store_url(f"sqlite://{path}"))
+    store = open_store(parse_store_url(f"sqlite:///{path}"))
     try:
         assert store.migrate() == []  # upgraded on open
         with sqlite3.connect(path) as db:
