@@ -520,7 +520,11 @@ class AsyncScheduler:
                 shared, slot_deadline = self.handover.slot_facts(job, slot)
                 if shared:
                     ripe = spec.name in later
-                    self.handover.wait_for_owner(spec.name, slot, slot_deadline, now, ripe=ripe)
+                    if not self.handover.wait_for_owner(
+                        spec.name, slot, slot_deadline, now, ripe=ripe
+                    ):
+                        # Parked: never claimed here unless the members change.
+                        self._catching_up.discard((spec.name, slot))
                 else:
                     # Signed now, as it is sent unless the definition changes meanwhile.
                     self._pending.append(
@@ -560,6 +564,11 @@ class AsyncScheduler:
         job.resumed = False
         # Caught-up slots run one after another, not "skipped while the previous runs";
         # so do the slots that come due while such a backlog is worked through.
+        draining = job.draining
+        if draining is not None and plan.ready[-1] - draining > job.spec.catchup_window_us:
+            # A replica that never claims the job's slots hears of no later claim: the
+            # backlog is over by now all the same.
+            job.draining = None
         joining = plan.caught_up or (plan.take if job.draining is not None else [])
         if plan.caught_up:
             job.draining = plan.caught_up[-1]

@@ -178,17 +178,18 @@ class Handover:
     # -- the waiting slots ---------------------------------------------------------------
     def wait_for_owner(
         self, job: str, slot_us: int, deadline_us: int | None, now: int, *, ripe: bool = False
-    ) -> None:
+    ) -> bool:
         """Queue another replica's slot: looked at after :meth:`delay_us` (at once when
         ``ripe``, collected after that wait already); the reads are spaced so that it is
-        looked at again before half of the time its policy gives it has passed."""
+        looked at again before half of the time its policy gives it has passed. Returns
+        whether it was queued (``False``: parked, this replica is not one of its backups)."""
         rank = self.ring.rank(job, slot_us)
         if rank > BACKUPS:
             # Neither owner nor backup: not looked at (a bounded number of reads per slot,
             # whatever the number of replicas) unless the members change before its
             # deadline (look_again).
             self._park(job, slot_us, deadline_us, now)
-            return
+            return False
         window = None if deadline_us is None else deadline_us - slot_us
         wait = 0 if ripe else rank * self.delay_us(deadline_us, slot_us)
         if window is not None:
@@ -196,6 +197,7 @@ class Handover:
             # Reads spaced out while owners kept up must not pass this slot's deadline.
             self._at_us = min(self._at_us, now + wait + window // 2)
         self._waiting.append((now + wait, job, slot_us, deadline_us))
+        return True
 
     def _park(self, job: str, slot_us: int, deadline_us: int | None, now: int) -> None:
         parked = self._parked
