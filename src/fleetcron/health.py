@@ -52,6 +52,7 @@ __all__ = [
     "assess",
     "expected_slot",
     "row_state",
+    "unchanged_until",
 ]
 
 JobState = Literal["ok", "running", "overdue", "failing", "stuck", "paused", "unknown"]
@@ -375,6 +376,38 @@ def assess(job: JobRecord, runs: Sequence[RunRecord], *, now_us: int | None = No
         reasons=tuple(reasons),
         now_us=now,
     )
+
+
+def unchanged_until(job: JobRecord, runs: Sequence[RunRecord], health: JobHealth) -> int | None:
+    """Until when ``health`` (:func:`assess` of ``job`` and ``runs``) holds as the store's
+    clock moves on and the row and the ledger rows stay as they are: the first moment at
+    which :func:`assess` may judge otherwise (``now_us`` aside), ``None`` when never.
+
+    That moment is the earliest of: the job's next slot (shown as ``next_slot_us``); the
+    end of the grace of the first slot that may become the expected one (overdue from then
+    on, unless a success came); the expiry of a run in progress, and the moment it would
+    become stuck. A run in progress answers ``health.now_us``: its age is part of what is
+    said of it, so it is judged afresh each time — and so is a running row whose lease
+    expired, which the next claim of the slot closes as ``lost`` without a word to the
+    job's row."""
+    now = health.now_us
+    if any(run.state == "running" for run in runs):
+        return now
+    parsed = _parse(job.definition or "{}")
+    if parsed is None:
+        return None  # the row and the ledger alone decide
+    until = health.next_slot_us
+    if not job.paused:
+        # The slots grow older in order, and so does the end of their grace: the next one
+        # after the expected slot (after the job was first seen) is the first to pass it.
+        schedule, grace = parsed.schedule, parsed.grace_us
+        since = _since(job, runs)
+        after = health.expected_slot_us if health.expected_slot_us is not None else since
+        candidate = _next_after(schedule, max(after, since))
+        if candidate is not None:
+            passes = candidate + _grace(schedule, candidate, grace)
+            until = passes if until is None else min(until, passes)
+    return until
 
 
 def _unknown(job: JobRecord, runs: Sequence[RunRecord], now: int) -> JobHealth:
