@@ -12,7 +12,15 @@ import json
 import logging
 from datetime import UTC, datetime
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "TextFormatter", "log", "says_progress"]
+__all__ = [
+    "LOG_FORMATS",
+    "PROGRESS_JOBS",
+    "PROGRESS_S",
+    "JsonFormatter",
+    "TextFormatter",
+    "log",
+    "says_progress",
+]
 
 log = logging.getLogger("fleetcron")
 
