@@ -61,7 +61,7 @@ sys.path[:0] = [str(HERE), str(ROOT / "src")]
 
 from scheduler import _children, fresh_database, proc_cpu_s, server_cpu_s  # noqa: E402
 
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/idlecpu"
 DAY_MINUTES = 1440
 
 
@@ -214,7 +214,7 @@ def one_run(args: argparse.Namespace, backend: str, kind: str, tmp: Path) -> dic
         "log": [
             line
             for line in log_path.read_text().splitlines()
-            if any(word in line for word in ("fleetcron ", "parsed", "registered", "ready"))
+            if "job(s)" in line  # read, registered, and the start-up line
         ],
     }
     print(json.dumps(result), file=sys.stderr)

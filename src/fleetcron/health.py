@@ -383,13 +383,12 @@ def unchanged_until(job: JobRecord, runs: Sequence[RunRecord], health: JobHealth
     clock moves on and the row and the ledger rows stay as they are: the first moment at
     which :func:`assess` may judge otherwise (``now_us`` aside), ``None`` when never.
 
-    That moment is the earliest of: the job's next slot (shown as ``next_slot_us``); the
+    That moment is the earliest of the job's next slot (shown as ``next_slot_us``) and the
     end of the grace of the first slot that may become the expected one (overdue from then
-    on, unless a success came); the expiry of a run in progress, and the moment it would
-    become stuck. A run in progress answers ``health.now_us``: its age is part of what is
-    said of it, so it is judged afresh each time — and so is a running row whose lease
-    expired, which the next claim of the slot closes as ``lost`` without a word to the
-    job's row."""
+    on, unless a success came). A job with a running row answers ``health.now_us``: a run
+    in progress may expire or become stuck, its age is part of what is said of it, and a
+    running row whose lease expired is closed as ``lost`` by the next claim of its slot
+    without a word to the job's row — so it is judged afresh each time."""
     now = health.now_us
     if any(run.state == "running" for run in runs):
         return now
@@ -400,10 +399,23 @@ def unchanged_until(job: JobRecord, runs: Sequence[RunRecord], health: JobHealth
     if not job.paused:
         # The slots grow older in order, and so does the end of their grace: the next one
         # after the expected slot (after the job was first seen) is the first to pass it.
-        schedule, grace = parsed.schedule, parsed.grace_us
-        since = _since(job, runs)
-        after = health.expected_slot_us if health.expected_slot_us is not None else since
-        candidate = _next_after(schedule, max(after, since))
+        schedule, grace, expected = parsed.schedule, parsed.grace_us, health.expected_slot_us
+        candidate: int | None
+        if expected is not None:
+            candidate = _after_slot(schedule, expected)
+        else:
+            # The first slot after the job was first seen. Mostly it is the first slot at
+            # or after the moment expected_slot looked back from — worked out by that
+            # look-up, and kept for every job of the schedule — so this job needs no cron
+            # step of its own.
+            since = _since(job, runs)
+            moment = now - (grace if grace is not None else MIN_GRACE_US)
+            latest = _at_or_before(schedule, moment)
+            first = _next_after(schedule, moment - 1)
+            if (latest is None or latest <= since) and (first is None or first > since):
+                candidate = first
+            else:
+                candidate = _next_after(schedule, since)
         if candidate is not None:
             passes = candidate + _grace(schedule, candidate, grace)
             until = passes if until is None else min(until, passes)
