@@ -61,8 +61,9 @@ sys.path[:0] = [str(HERE), str(ROOT / "src")]
 
 from scheduler import _children, fresh_database, proc_cpu_s, server_cpu_s  # noqa: E402
 
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/idlecpu"
-DAY_MINUTES = 1440
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+"""The server a fresh database is made on for each run (and dropped after it): the
+database named here is only connected to, to create and drop that one."""
 
 
 def cron_minutes(now: datetime, avoid_min: int) -> list[tuple[int, int]]:
