@@ -12,9 +12,28 @@ import json
 import logging
 from datetime import UTC, datetime
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "TextFormatter", "log"]
+__all__ = [
+    "LOG_FORMATS",
+    "PROGRESS_JOBS",
+    "PROGRESS_S",
+    "JsonFormatter",
+    "TextFormatter",
+    "log",
+    "says_progress",
+]
 
 log = logging.getLogger("fleetcron")
+
+PROGRESS_JOBS = 1000
+PROGRESS_S = 1.0
+
+
+def says_progress(jobs: int, elapsed_s: float) -> bool:
+    """Whether a step of a replica's start (reading the jobs file, registering) is worth a
+    line of its own: over :data:`PROGRESS_JOBS` jobs, or over :data:`PROGRESS_S` seconds.
+    A small jobs file starts with the one line that says what the replica runs."""
+    return jobs > PROGRESS_JOBS or elapsed_s > PROGRESS_S
+
 
 LOG_FORMATS = ("text", "json")
 

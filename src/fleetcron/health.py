@@ -52,6 +52,7 @@ __all__ = [
     "assess",
     "expected_slot",
     "row_state",
+    "unchanged_until",
 ]
 
 JobState = Literal["ok", "running", "overdue", "failing", "stuck", "paused", "unknown"]
@@ -382,6 +383,50 @@ def assess(job: JobRecord, runs: Sequence[RunRecord], *, now_us: int | None = No
         reasons=tuple(reasons),
         now_us=now,
     )
+
+
+def unchanged_until(job: JobRecord, runs: Sequence[RunRecord], health: JobHealth) -> int | None:
+    """Until when ``health`` (:func:`assess` of ``job`` and ``runs``) holds as the store's
+    clock moves on and the row and the ledger rows stay as they are: the first moment at
+    which :func:`assess` may judge otherwise (``now_us`` aside), ``None`` when never.
+
+    That moment is the earliest of the job's next slot (shown as ``next_slot_us``) and the
+    end of the grace of the first slot that may become the expected one (overdue from then
+    on, unless a success came). A job with a running row answers ``health.now_us``: a run
+    in progress may expire or become stuck, its age is part of what is said of it, and a
+    running row whose lease expired is closed as ``lost`` by the next claim of its slot
+    without a word to the job's row — so it is judged afresh each time."""
+    now = health.now_us
+    if any(run.state == "running" for run in runs):
+        return now
+    parsed = _parse(job.definition or "{}")
+    if parsed is None:
+        return None  # the row and the ledger alone decide
+    until = health.next_slot_us
+    if not job.paused:
+        # The slots grow older in order, and so does the end of their grace: the next one
+        # after the expected slot (after the job was first seen) is the first to pass it.
+        schedule, grace, expected = parsed.schedule, parsed.grace_us, health.expected_slot_us
+        candidate: int | None
+        if expected is not None:
+            candidate = _after_slot(schedule, expected)
+        else:
+            # The first slot after the job was first seen. Mostly it is the first slot at
+            # or after the moment expected_slot looked back from — worked out by that
+            # look-up, and kept for every job of the schedule — so this job needs no cron
+            # step of its own.
+            since = _since(job, runs)
+            moment = now - (grace if grace is not None else MIN_GRACE_US)
+            latest = _at_or_before(schedule, moment)
+            first = _next_after(schedule, moment - 1)
+            if (latest is None or latest <= since) and (first is None or first > since):
+                candidate = first
+            else:
+                candidate = _next_after(schedule, since)
+        if candidate is not None:
+            passes = candidate + _grace(schedule, candidate, grace)
+            until = passes if until is None else min(until, passes)
+    return until
 
 
 def _unknown(job: JobRecord, runs: Sequence[RunRecord], now: int) -> JobHealth:

@@ -32,6 +32,7 @@ out, and :func:`jitter_us` spreads a slot's start deterministically.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterator, Mapping
@@ -161,6 +162,13 @@ def validate_cron(expression: object) -> str:
         raise ConfigurationError(
             f"cron expression must be a string, not {type(expression).__name__}"
         )
+    return _validated(expression)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _validated(expression: str) -> str:
+    """:func:`validate_cron` of a string. Kept per expression: a jobs file of thousands of
+    jobs repeats a few hundred expressions (only a valid one is kept: an error raises)."""
     parts = expression.split()
     normalized = " ".join(parts)
     if len(parts) != 5:
@@ -168,6 +176,12 @@ def validate_cron(expression: object) -> str:
             f"invalid cron expression {expression!r}: expected 5 fields "
             f"(minute hour day-of-month month day-of-week), got {len(parts)}"
         )
+    try:
+        CronSim(normalized, _PARSE_REFERENCE)
+    except CronSimError as exc:
+        problem = exc
+    else:
+        return normalized  # each field parses alone when the whole does
     for index, part in enumerate(parts):
         probe = ["*"] * 5
         probe[index] = part
@@ -177,16 +191,12 @@ def validate_cron(expression: object) -> str:
             raise ConfigurationError(
                 f"invalid cron expression {expression!r}: {_field_problem(index, part)}"
             ) from None
-    try:
-        CronSim(normalized, _PARSE_REFERENCE)
-    except CronSimError as exc:
-        # Each field parsed alone, so the combination is impossible: a day of month that
-        # no selected month has.
-        raise ConfigurationError(
-            f"invalid cron expression {expression!r}: field 'day-of-month' value "
-            f"{parts[2]!r} never occurs in month {parts[3]!r} ({exc})"
-        ) from None
-    return normalized
+    # Each field parsed alone, so the combination is impossible: a day of month that no
+    # selected month has.
+    raise ConfigurationError(
+        f"invalid cron expression {expression!r}: field 'day-of-month' value "
+        f"{parts[2]!r} never occurs in month {parts[3]!r} ({problem})"
+    ) from None
 
 
 @runtime_checkable
@@ -251,7 +261,7 @@ class CronSchedule:
 
     def next_after(self, moment_us: int) -> int | None:
         """The first slot strictly after ``moment_us``, or ``None``."""
-        return next(self._iter_after(moment_us), None)
+        return _cron_next_after(self, moment_us)
 
     def at_or_before(self, moment_us: int) -> int | None:
         """The last slot at or before ``moment_us``, or ``None``."""
@@ -307,6 +317,14 @@ class CronSchedule:
     def definition(self) -> Mapping[str, str | int]:
         """``{"kind": "cron", "expression": ..., "timezone": ...}``."""
         return {"kind": "cron", "expression": self.expression, "timezone": self.timezone}
+
+
+# Jobs that share an expression ask for the same slots: planned together at start-up (the
+# slot after the store's time, the slot after that) and at each of their slots. A few
+# thousand answers are kept: tens of µs of cronsim each, against a lookup.
+@functools.lru_cache(maxsize=1 << 13)
+def _cron_next_after(schedule: CronSchedule, moment_us: int) -> int | None:
+    return next(schedule._iter_after(moment_us), None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetcron.health import UNHEALTHY, JobHealth, JobState, assess, row_state
+from fleetcron.health_cache import HealthCache
 from fleetcron.models import (
     FINAL_STATES,
     LEADER_LEASE,
@@ -193,16 +194,27 @@ async def read_status_in_turns(
     *,
     history: int = HISTORY,
     queues: bool = True,
+    cache: HealthCache | None = None,
 ) -> FleetStatus:
     """:func:`read_status` as several operations: the fleet's rows in one, then the ledger
     rows of each :data:`_LIST_BATCH` jobs in one more, so that a long read never holds
-    the store for long (a replica's monitor shares the store with its scheduling)."""
+    the store for long (a replica's monitor shares the store with its scheduling).
+
+    With a ``cache`` (the monitor's), only the jobs whose rows changed since the read
+    before, or whose health may have changed with time, have their ledger read and are
+    assessed; the others keep the health the cache holds."""
     fleet = await store.run(_read_fleet(store.ops, namespace, jobs, queues))
+    rows = fleet.selected()
     healths: list[JobHealth] = []
-    for chunk in _chunks(fleet.selected()):
+    if cache is not None:
+        healths, rows = cache.split(rows, fleet.leases, fleet.now_us)
+    for chunk in _chunks(rows):
         names = [row.job for row in chunk]
         ledgers = await store.run(store.ops.run_list_many(namespace, names, history, output=False))
-        healths += fleet.assessed(chunk, ledgers)
+        assessed = fleet.assessed(chunk, ledgers)
+        if cache is not None:
+            cache.keep(chunk, ledgers, assessed)
+        healths += assessed
     return fleet.status(healths)
 
 

@@ -93,6 +93,10 @@ class Spawned:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def stderr_so_far(self) -> str:
+        """What the process has written to its stderr so far (it may still be running)."""
+        return self._stderr.read_text()
+
     def wait(self, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """Wait for the exit; the status and output as ``subprocess.run`` gives them."""
         status = self.proc.wait(timeout=timeout)

@@ -211,6 +211,30 @@ def test_runs_in_an_empty_namespace_names_the_namespaces_holding_jobs_with_their
     assert f"did you mean {sqlite_cli.namespace!r}?" in typo.stdout
 
 
+def test_a_replica_of_many_jobs_says_how_its_start_goes_then_that_it_runs(
+    sqlite_cli: Cli, tmp_path: Path
+) -> None:
+    jobs = tmp_path / "jobs.toml"
+    many = 1_001  # a few jobs start with one line; more say each step
+    jobs.write_text(
+        f'[fleetcron]\nnamespace = "{sqlite_cli.namespace}"\n'
+        + "".join(
+            f'[jobs.j{i:04d}]\nschedule = "0 0 1 1 *"\ncommand = ["true"]\n' for i in range(many)
+        )
+    )
+    replica = sqlite_cli.spawn("run", str(jobs))
+    assert wait_for(lambda: "replica " in replica.stderr_so_far(), timeout=60)
+    replica.proc.send_signal(signal.SIGTERM)
+    finished = replica.wait(timeout=40)
+    assert finished.returncode == 0, finished.stderr
+    read, registered, started = finished.stderr.splitlines()[:3]
+    assert f"read 1,001 job(s) of {jobs} in " in read
+    assert read.endswith(" s; registering them")
+    assert "registered 1,001 job(s) in " in registered
+    assert registered.endswith(" s: 1,001 new, 0 changed, 0 unchanged")
+    assert f"1001 job(s) and 0 queue(s) of {jobs} in namespace" in started
+
+
 def test_a_replica_says_at_start_what_it_runs_where_and_as_whom(
     sqlite_cli: Cli, tmp_path: Path
 ) -> None:

@@ -636,3 +636,33 @@ def test_stuck_after_from_python_and_what_status_makes_of_it() -> None:
     del plain["stuck_after_us"]
     unset = assess(replace(row, definition=json.dumps(plain)), [running])
     assert not unset.stuck  # no durations known: no default threshold yet
+
+
+def test_a_cron_expression_many_jobs_share_is_parsed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cronsim import CronSim
+
+    from fleetcron import schedules
+
+    built: list[str] = []
+    real = CronSim
+
+    def counting(expression: str, *args: object, **kwargs: object) -> object:
+        built.append(expression)
+        return real(expression, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(schedules, "CronSim", counting)
+    # Expressions no other test uses: what is kept from another test does not count.
+    shared = ["13 3 * * 2", "47 21 * * 2"]
+    body = "".join(
+        f'[jobs.j{i}]\nschedule = "{shared[i % 2]}"\ncommand = ["true"]\n' for i in range(200)
+    )
+    loaded = load_jobs_file(write(tmp_path, body))
+    assert len(loaded.jobs) == 200
+    assert sorted(built) == sorted(shared), "one parse per expression, not six per job"
+    built.clear()
+    moment = from_datetime(datetime(2030, 1, 1, tzinfo=UTC))
+    slots = {spec.schedule.next_after(moment) for spec in loaded.jobs}
+    assert len(slots) == 2
+    assert len(built) == 2, "the slot after a moment is worked out once per expression"

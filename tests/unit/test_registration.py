@@ -4,7 +4,10 @@ store does not already hold, after one read; the others are planned from the sto
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
@@ -48,3 +51,20 @@ async def test_a_replica_writes_only_the_definitions_the_store_does_not_hold() -
     assert stored[jobs[0].name].fingerprint == changed[0].fingerprint()
     assert stored[jobs[2].name].fingerprint == jobs[2].fingerprint()
     assert len(second._jobs) == MANY + 1  # every job is planned, written or not
+
+
+async def test_a_replica_of_many_jobs_says_how_its_registration_went(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    jobs = [spec(f"job{i:04d}", lambda ctx: None, every="1h") for i in range(1_001)]
+    with caplog.at_level(logging.INFO, logger="fleetcron"):
+        await _start(AsyncMemoryStore(store), jobs[:3])  # a few jobs: not a word
+        await _start(AsyncMemoryStore(store), [spec(jobs[0].name, lambda ctx: None), *jobs[1:]])
+    said = [r for r in caplog.records if getattr(r, "action", "") == "jobs_registered"]
+    assert len(said) == 1
+    message = said[0].getMessage()
+    assert message.startswith("registered 1,001 job(s) in ")
+    assert message.endswith(": 998 new, 1 changed, 2 unchanged")
+    fields = vars(said[0])
+    assert [fields[key] for key in ("jobs", "new", "changed", "unchanged")] == [1001, 998, 1, 2]

@@ -7,14 +7,15 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
-from fleetcron._log import log
+from fleetcron._log import log, says_progress
 from fleetcron._version import __version__
 from fleetcron.cli import web_cmd
 from fleetcron.cli.elsewhere import elsewhere
@@ -167,7 +168,9 @@ def run_run(args: argparse.Namespace) -> int:
     """``fleetcron run``: load and check everything, then run until SIGTERM/SIGINT."""
     from fleetcron.durations import to_micros
 
+    began = time.monotonic()
     jobs_file = load_jobs_file(args.jobs_file)
+    _log_read(jobs_file, time.monotonic() - began)
     if args.concurrency < 1:
         raise ConfigurationError(f"--concurrency must be at least 1, got {args.concurrency}")
     grace = to_micros(args.shutdown_grace, what="--shutdown-grace")
@@ -216,8 +219,17 @@ def run_run(args: argparse.Namespace) -> int:
             scheduler = AsyncScheduler(
                 store, jobs_file.jobs, options, metrics=metrics, queues=jobs_file.queues
             )
-            # host:pid only: the token after it is the holder's secret (it can release leases)
-            _log_start(url, options, jobs_file, display_holder(scheduler.holder), served)
+            # Said once the jobs are registered and planned: a replica of many jobs says
+            # what it is doing until then (jobs_read, jobs_registered).
+            started = asyncio.create_task(
+                _log_when_started(
+                    scheduler,
+                    # host:pid only: the token after it is the holder's secret
+                    lambda: _log_start(
+                        url, options, jobs_file, display_holder(scheduler.holder), served
+                    ),
+                )
+            )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, scheduler.stop)
@@ -229,10 +241,13 @@ def run_run(args: argparse.Namespace) -> int:
                 task.add_done_callback(reloads.discard)
 
             loop.add_signal_handler(signal.SIGHUP, on_hangup)
-            if web is None:
-                await scheduler.run()
-            else:
-                await web_cmd.beside(scheduler.run, web, url, store, options.namespace)
+            try:
+                if web is None:
+                    await scheduler.run()
+                else:
+                    await web_cmd.beside(scheduler.run, web, url, store, options.namespace)
+            finally:
+                started.cancel()
         finally:
             await store.close()
 
@@ -247,11 +262,29 @@ def run_run(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _log_when_started(scheduler: AsyncScheduler, say: Callable[[], None]) -> None:
+    await scheduler.signals.started.wait()
+    say()
+
+
+def _log_read(jobs: JobsFile, elapsed_s: float) -> None:
+    """A line for a jobs file of many jobs, or one slow to read: start-up has begun."""
+    if says_progress(len(jobs.jobs), elapsed_s):
+        log.info(
+            "read %s job(s) of %s in %.1f s; registering them",
+            f"{len(jobs.jobs):,}",
+            jobs.path or "the jobs file",
+            elapsed_s,
+            extra={"action": "jobs_read", "jobs": len(jobs.jobs), "seconds": round(elapsed_s, 3)},
+        )
+
+
 def _log_start(
     store: StoreURL, options: SchedulerOptions, jobs: JobsFile, replica: str, served: list[str]
 ) -> None:
     """One line that says what this replica runs, where (a SQLite path relative to the
-    working directory with the file it names), as whom, and what it serves."""
+    working directory with the file it names), as whom, and what it serves, once its jobs
+    are registered and planned."""
     log.info(
         "fleetcron %s: %d job(s) and %d queue(s) of %s in namespace %r on %s, %s mode, "
         "replica %s%s",

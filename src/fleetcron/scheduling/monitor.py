@@ -32,6 +32,11 @@ A marker is held (:data:`MARKER_TTL_US`, a year; a week once the job recovered) 
 the marker of a job whose row is gone is released. Listings never show markers
 (:func:`fleetcron.status.is_alert_marker`).
 
+A watch judges again only the jobs whose rows changed since the watch before, or whose
+health may have changed with time (:mod:`fleetcron.health_cache`); an idle namespace
+costs two reads and no assessment, and every job is judged afresh at least every
+:data:`~fleetcron.health_cache.FULL_EVERY_US` and whenever the watch moves to this replica.
+
 The watching replica also keeps the run ledger bounded: every ``retention_s`` it applies
 the retention rule of each job it defines (:mod:`fleetcron.scheduling.retention`), in a
 task of its own so the watches keep their pace, stopping when the lease is lost.
@@ -51,6 +56,7 @@ from fleetcron.alerts import Alert
 from fleetcron.clock import SYSTEM_CLOCK, Clock
 from fleetcron.errors import ConfigurationError, StoreError
 from fleetcron.health import JobHealth
+from fleetcron.health_cache import HealthCache
 from fleetcron.jobspec import JobSpec
 from fleetcron.models import LeaseRecord, display_holder
 from fleetcron.scheduling.retention import DEFAULT_RETENTION_S, PassResult, Pruner
@@ -167,6 +173,10 @@ class Monitor:
         # (the holder written, the alert). Said at the next watch that finds that holder.
         self._unsure: dict[str, tuple[str, Alert]] = {}
         self._task: asyncio.Task[None] | None = None
+        self.cache = HealthCache()
+        # What the last watch settled of each job (its health, its marker, the term):
+        # a job found the same way again needs nothing said.
+        self._settled: dict[str, tuple[JobHealth, tuple[str, int] | None, int]] = {}
         self.watched = asyncio.Event()  # set after each watch (tests wait on it)
         self.retention_s = retention_s
         self.clock = clock
@@ -193,8 +203,12 @@ class Monitor:
             self.lease = await self.store.run(
                 ops.lease_acquire(self.namespace, MONITOR_LEASE, self.holder, ttl, 0)
             )
-            if self.lease is not None and self.pruner is not None:
-                self.pruner.new_watch()
+            if self.lease is not None:
+                # A new term: what this replica judged before may be long out of date.
+                self.cache.clear()
+                self._settled.clear()
+                if self.pruner is not None:
+                    self.pruner.new_watch()
         return self.lease is not None
 
     async def watch(self) -> FleetStatus | None:
@@ -210,7 +224,9 @@ class Monitor:
             if not await self._hold():
                 return None
             # In turns: the scheduling that shares this store is not held up for the read.
-            status = await read_status_in_turns(self.store, self.namespace, self.jobs, queues=False)
+            status = await read_status_in_turns(
+                self.store, self.namespace, self.jobs, queues=False, cache=self.cache
+            )
         except StoreError as exc:
             log.debug("monitor: %s", exc, extra={"action": "monitor_failed"})
             return None
@@ -223,10 +239,19 @@ class Monitor:
         self._say_unsure(markers)
         job = None
         try:
+            settled = self._settled
             for health in status.jobs:
                 job = health.job
-                await self._settle(health, markers.get(alert_marker(job)), term)
+                marker = markers.get(alert_marker(job))
+                seen = (health, (marker.holder, marker.fence) if marker else None, term)
+                last = settled.get(job)
+                if last is None or last[0] is not health or last[1:] != seen[1:]:
+                    await self._settle(health, marker, term, status.now_us)
+                    settled[job] = seen
             job = None
+            if len(settled) > len(status.jobs):
+                shown = {health.job for health in status.jobs}
+                self._settled = {name: seen for name, seen in settled.items() if name in shown}
             if self.jobs is None:
                 await self._forget_gone(status)
         except StoreError as exc:
@@ -239,8 +264,11 @@ class Monitor:
             )
         return status
 
-    async def _settle(self, health: JobHealth, marker: LeaseRecord | None, term: int) -> None:
-        """Say the alert ``health`` calls for, unless the job's ``marker`` records it."""
+    async def _settle(
+        self, health: JobHealth, marker: LeaseRecord | None, term: int, now_us: int | None = None
+    ) -> None:
+        """Say the alert ``health`` calls for, unless the job's ``marker`` records it
+        (``now_us``: the store's time of the watch, when later than the health's)."""
         said = _Said.decode(marker.holder) if marker is not None else None
         verdict = _verdict(health)
         if verdict is None:
@@ -257,7 +285,10 @@ class Monitor:
         alert = Alert(
             job=health.job,
             event=event,
-            health=health,
+            # A kept health was judged at an earlier watch: the alert is of this one.
+            health=health
+            if now_us is None or health.now_us == now_us
+            else dataclasses.replace(health, now_us=now_us),
             slot_us=key if event == "overdue" else None,
         )
         name = alert_marker(health.job)
@@ -303,6 +334,8 @@ class Monitor:
     async def _forget_gone(self, status: FleetStatus) -> None:
         """Release the markers of jobs the store no longer has, so ``fleetcron prune``
         may delete them (nothing is said: the job is gone)."""
+        if not any(marker.held for marker in status.markers):
+            return
         known = {alert_marker(health.job) for health in status.jobs}
         for marker in status.markers:
             if marker.name not in known and marker.held:
@@ -360,6 +393,8 @@ class Monitor:
         finally:
             self.pruned.set()
         self.last_pass = result
+        # Rows deleted: those jobs are judged afresh at the next watch.
+        self.cache.forget(result.pruned)
         return result
 
     def _prune_if_due(self) -> None:
@@ -400,6 +435,8 @@ class Monitor:
                     await task
         self._task = self._pruning = None
         self._unsure.clear()
+        self.cache.clear()
+        self._settled.clear()
         lease, self.lease = self.lease, None
         if lease is not None:
             with contextlib.suppress(StoreError):
