@@ -11,6 +11,7 @@ __all__ = [
     "CLAIM_STATUSES",
     "FINAL_STATES",
     "LEADER_LEASE",
+    "MEMBERS_LEASE",
     "PAUSABLE_TRIGGERS",
     "PROGRESS_TRIGGERS",
     "REPLICA_RETAIN_US",
@@ -36,6 +37,10 @@ __all__ = [
 
 LEADER_LEASE = "fleetcron:leader"
 """The lease the elected leader of a namespace holds (``fleetcron run --mode leader``)."""
+MEMBERS_LEASE = "fleetcron:members"
+"""A lease no one holds for long: each claim-mode replica takes it for an instant when it
+joins and when it leaves the replica table, so its fence is a version of the membership
+the other replicas check instead of reading the whole table."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -251,6 +251,8 @@ class AsyncScheduler:
         stopped claiming at once and drained its runs in flight, as on :meth:`stop`."""
         await self._register()
         await self.heartbeat.beat()  # up in the replica table by the time it has started
+        if self.options.mode == "claim":
+            await self.heartbeat.announce()  # the others read the table again
         self.heartbeat.start()
         if self.options.monitor_s > 0:
             self.monitor.start()

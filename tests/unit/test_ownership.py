@@ -13,8 +13,8 @@ import pytest
 from fleetcron.errors import StoreUnavailable
 from fleetcron.models import ReplicaInfo, ReplicaRecord
 from fleetcron.scheduler import AsyncScheduler, SchedulerOptions
-from fleetcron.scheduling.handover import Handover
-from fleetcron.scheduling.heartbeat import jobs_fingerprint
+from fleetcron.scheduling.handover import RING_FULL_EVERY_S, Handover
+from fleetcron.scheduling.heartbeat import Heartbeat, jobs_fingerprint
 from fleetcron.scheduling.ownership import BACKUPS, Ring
 from fleetcron.scheduling.planning import DueHeap, PlannedJob
 from fleetcron.stores.memory import AsyncMemoryStore, MemoryStore
@@ -315,3 +315,47 @@ async def test_a_slot_whose_owner_and_backups_left_is_looked_at_once_the_ring_dr
     assert handover.look_again(slot + 20_000_000) == 1
     free, _ = await handover.adopt(slot + 20_000_000, {"job": job})
     assert [claim.slot_us for claim in free] == [slot]
+
+
+async def test_the_replica_table_is_read_again_only_when_the_members_changed() -> None:
+    # Joins and leaves move the members lease's fence; a replica reads the whole table
+    # only when it moved (or every RING_FULL_EVERY_S, for replicas that died silently).
+    clock = FakeClock()
+    memory = MemoryStore(clock=clock)
+    store = Recorded(memory)
+    options = SchedulerOptions(namespace=NS, heartbeat_s=5.0)
+    scheduler = AsyncScheduler(store, [spec("job", lambda ctx: None)], options, clock=clock)
+    await scheduler.heartbeat.beat()
+    await scheduler.heartbeat.announce()
+    reads = store.calls["replica_list"]
+
+    assert not await scheduler.handover.read_ring()  # the first reading: alone
+    assert len(reads) == 1
+    for _ in range(4):
+        clock.advance(5.0)
+        await scheduler.handover.read_ring()
+    assert len(reads) == 1  # nobody joined or left: the table is not read
+
+    other = Heartbeat(AsyncMemoryStore(memory), NS, scheduler.heartbeat.info, every_s=5.0)
+    other.info = ReplicaInfo(**{**vars_of(other.info), "replica_id": "other:2:cd"})
+    await other.beat()
+    clock.advance(0.001)
+    await other.announce()
+    clock.advance(5.0)
+    assert await scheduler.handover.read_ring()  # it joined: read, and the ring changed
+    assert len(reads) == 2
+    assert len(scheduler.handover.ring.members) == 2
+
+    # It dies without leaving: nothing moves the version, the full reading finds it gone.
+    clock.advance(5.0)
+    await scheduler.handover.read_ring()
+    assert len(reads) == 2
+    clock.advance(RING_FULL_EVERY_S)
+    await scheduler.heartbeat.beat()
+    assert await scheduler.handover.read_ring()
+    assert len(reads) == 3
+    assert scheduler.handover.ring.members == (scheduler.heartbeat.info.replica_id,)
+
+
+def vars_of(info: ReplicaInfo) -> dict[str, Any]:
+    return {name: getattr(info, name) for name in info.__dataclass_fields__}

@@ -21,15 +21,18 @@ from dataclasses import dataclass
 
 from fleetcron.clock import Clock
 from fleetcron.jobspec import JobSpec
-from fleetcron.models import SlotClaim
+from fleetcron.models import MEMBERS_LEASE, SlotClaim
 from fleetcron.scheduling.ownership import BACKUPS, HANDOVER_US, Ring
 from fleetcron.scheduling.planning import PlannedJob, claim_for, deadline
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["ADOPT_BATCH", "PARKED_LIMIT", "PARKED_US", "Handover"]
+__all__ = ["ADOPT_BATCH", "PARKED_LIMIT", "PARKED_US", "RING_FULL_EVERY_S", "Handover"]
 
 ADOPT_BATCH = 2000
 """Other replicas' slots looked at per read."""
+RING_FULL_EVERY_S = 60.0
+"""How often the whole replica table is read even when the members' version did not move
+(a replica that died without leaving moves nothing)."""
 PARKED_US = 60_000_000
 """How long a slot this replica neither owns nor backs up is kept, within its deadline,
 to be looked at should the members change (its owner and backups may have left)."""
@@ -81,6 +84,8 @@ class Handover:
         self._at_us = 0
         self._cap_us = _ADOPT_EVERY_US[1]  # spacing cap: half the shortest window
         self._read_us: int | None = None  # monotonic µs of the last ring reading
+        self._full_us: int | None = None  # ...and of the last reading of the whole table
+        self._members_version: int | None = None  # the members lease's fence then
         self.stale = True
         """The members may have changed: read them again within a second."""
 
@@ -146,15 +151,30 @@ class Handover:
         ):
             return False
         self._read_us = now
+        ops = self._store.ops
+        full = (
+            self.stale
+            or self._full_us is None
+            or now - self._full_us >= max(RING_FULL_EVERY_S * 1e6, self._ring_every_us)
+        )
         try:
-            rows = await self._store.run(self._store.ops.replica_list(self._namespace, 0))
+            # The members' version first: unchanged, the table is not read (joins and
+            # leaves move it; deaths show at the next full read, the backups covering the
+            # slots of the dead meanwhile).
+            members = await self._store.run(ops.lease_get(self._namespace, MEMBERS_LEASE))
+            version = None if members is None else members.fence
+            if not full and version is not None and version == self._members_version:
+                return False
+            rows = await self._store.run(ops.replica_list(self._namespace, 0))
         except BaseException:
             self.stale = True  # tried again within a second, not a heartbeat later
             raise
         self.stale = False
-        version = self.ring.version
+        self._full_us = now
+        self._members_version = version
+        before = self.ring.version
         self.ring.update(rows)
-        return self.ring.version != version
+        return self.ring.version != before
 
     def look_again(self, now: int) -> int:
         """The members changed: the parked slots still within their deadline are ranked

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from fleetcron._log import log
 from fleetcron._version import __version__
 from fleetcron.errors import StoreError
-from fleetcron.models import ReplicaInfo, ReplicaRecord
+from fleetcron.models import MEMBERS_LEASE, ReplicaInfo, ReplicaRecord
 from fleetcron.stores.base import AsyncStore
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "TTL_BEATS", "Heartbeat", "jobs_fingerprint", "replica_info"]
@@ -56,6 +56,9 @@ def replica_info(mode: str, fingerprints: Mapping[str, str]) -> ReplicaInfo:
         mode=mode,
         jobs_fingerprint=jobs_fingerprint(fingerprints),
     )
+
+
+_ANNOUNCE_TRIES = 20  # the members lease is held for an instant: a few tries get it
 
 
 class Heartbeat:
@@ -98,6 +101,27 @@ class Heartbeat:
                 # A bug must not end the beats silently: say so, go on.
                 log.exception("heartbeat failed", extra={"action": "replica_beat_failed"})
 
+    async def announce(self) -> None:
+        """Say that the membership changed (this replica joined or left): take the members
+        lease for an instant, moving its fence — the version the other replicas check
+        before they read the whole table (:meth:`Handover.read_ring
+        <fleetcron.scheduling.handover.Handover.read_ring>`). Taken by another replica
+        this instant, it is tried again a few times; failing, the others still read the
+        table in full every :data:`~fleetcron.scheduling.handover.RING_FULL_EVERY_S`."""
+        for attempt in range(_ANNOUNCE_TRIES):
+            try:
+                taken = await self.store.run(
+                    self.store.ops.lease_acquire(
+                        self.namespace, MEMBERS_LEASE, self.info.replica_id, 1, 0
+                    )
+                )
+            except StoreError as exc:
+                log.debug("announcing failed: %s", exc, extra={"action": "replica_beat_failed"})
+                return
+            if taken is not None:
+                return
+            await asyncio.sleep(0.05 * (attempt + 1))
+
     async def leave(self) -> None:
         """Stop beating and delete the row (a row that cannot be deleted expires)."""
         task, self._task = self._task, None
@@ -113,3 +137,6 @@ class Heartbeat:
                 exc,
                 extra={"action": "replica_leave_failed"},
             )
+            return
+        if self.info.mode == "claim":
+            await self.announce()
