@@ -36,8 +36,13 @@ from fleetcron.models import (
     RunRecord,
     SlotClaim,
 )
-from fleetcron.schedules import AtSchedule, iso_utc
-from fleetcron.scheduling.claiming import RECORD_BATCH, record_missed, send_claims, sift
+from fleetcron.scheduling.claiming import (
+    RECORD_BATCH,
+    pick_batch,
+    record_missed,
+    send_claims,
+    sift,
+)
 from fleetcron.scheduling.definitions import Definitions
 from fleetcron.scheduling.handover import Handover
 from fleetcron.scheduling.heartbeat import (
@@ -61,10 +66,9 @@ from fleetcron.scheduling.planning import (
 )
 from fleetcron.scheduling.queues import QueueSpec, QueueWorkers
 from fleetcron.scheduling.recovery import RECOVERY_EVERY_S, Recovery
-from fleetcron.scheduling.registration import register
+from fleetcron.scheduling.registration import first_cursor, register
 from fleetcron.scheduling.reload import Reload
 from fleetcron.scheduling.replacement import ReplacedWatch
-from fleetcron.scheduling.store_clock import TOLERANCE_US as CLOCK_TOLERANCE_US
 from fleetcron.scheduling.store_clock import StoreClock
 from fleetcron.scheduling.supervision import ABANDONED_REASON, Supervisor, SupervisorOptions
 from fleetcron.stores.base import AsyncStore
@@ -342,24 +346,7 @@ class AsyncScheduler:
         # The row as it was: another definition is reported, and this one now governs.
         self.definitions.registered(spec.name, before, store_now)
         high_water = before.high_water_us if before is not None else None
-        # A job new to the fleet starts now; a known one resumes after its last slot,
-        # so slots missed while every replica was down meet the catch-up policy.
-        cursor = high_water if high_water is not None else store_now
-        if (
-            isinstance(spec.schedule, AtSchedule)
-            and high_water is None
-            and spec.schedule.moment_us <= store_now
-        ):
-            # Said, not silently dropped: the job's one slot passed before any replica
-            # planned it, and a job new to the fleet starts now.
-            log.warning(
-                "%s: its one time (at = %s) had passed when it was first scheduled (store "
-                "time %s); it will not run — set a future time, or trigger it by hand",
-                spec.name,
-                iso_utc(spec.schedule.moment_us),
-                iso_utc(store_now),
-                extra={"action": "job_at_in_past", "job": spec.name},
-            )
+        cursor = first_cursor(spec, high_water, store_now)
         self._jobs[spec.name] = PlannedJob(
             spec=spec, cursor_us=cursor, resumed=high_water is not None
         )
@@ -599,22 +586,14 @@ class AsyncScheduler:
         claims, blocked = self.overlap.take_buffered(
             room, finishing=finishing, abandoned=self.supervisor.abandoned
         )
-        # At most one exclusive claim per job per batch: the others would only find the
-        # job's lease taken by the first. They wait, in order, for the next tick.
-        exclusive = {c.job for c in claims if c.exclusive}
-        waiting: list[SlotClaim] = []
-        while self._pending and len(claims) < room:
-            claim = self._pending.popleft()
-            if claim.job in self.supervisor.abandoned:
-                blocked.append(claim)
-                continue
-            if claim.exclusive and (claim.job in exclusive or claim.job in finishing):
-                waiting.append(claim)
-                continue
-            if claim.exclusive:
-                exclusive.add(claim.job)
-            claims.append(claim)
-        self._pending.extendleft(reversed(waiting))
+        pick_batch(
+            self._pending,
+            claims,
+            blocked,
+            room,
+            abandoned=self.supervisor.abandoned,
+            finishing=finishing,
+        )
         await self.overlap.refuse_blocked(blocked, ABANDONED_REASON)
         ttl_by_job = {c.job: self.specs[c.job].lock_at_most_us for c in claims}
         answers: list[tuple[SlotClaim, ClaimResult]] = []
@@ -638,18 +617,7 @@ class AsyncScheduler:
             self._pending.extendleft(
                 reversed([c for c in claims if (c.job, c.slot_us) not in answered])
             )
-        received = self.clock.monotonic_us()
-        estimate = received + self.store_clock.offset_us
-        for claim, answer in answers:
-            if answer.run is not None:
-                self.store_clock.check(answer.run.now_us, sent, received)
-            elif answer.status == "not_due" or (
-                # Refused past a deadline the estimate had not reached: it runs behind.
-                answer.status == "missed"
-                and claim.deadline_us is not None
-                and claim.deadline_us > estimate + CLOCK_TOLERANCE_US
-            ):
-                self.store_clock.doubt()
+        self.store_clock.learn(answers, sent, self.clock.monotonic_us())
         if any(
             answer.status == "taken"
             and claim.deadline_us is not None

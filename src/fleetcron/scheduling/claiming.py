@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from fleetcron._log import log
@@ -22,6 +22,7 @@ __all__ = [
     "RECORD_BATCH",
     "SIFT_AT_LEAST",
     "missed_line",
+    "pick_batch",
     "record_missed",
     "send_claims",
     "sift",
@@ -126,6 +127,35 @@ async def sift(
         pending.popleft()
     pending.extendleft(reversed([c for c in head if (c.job, c.slot_us) not in settled]))
     catching_up -= settled
+
+
+def pick_batch(
+    pending: deque[SlotClaim],
+    claims: list[SlotClaim],
+    blocked: list[SlotClaim],
+    room: int,
+    *,
+    abandoned: Collection[str],
+    finishing: Collection[str],
+) -> None:
+    """Fill ``claims`` from ``pending`` up to ``room``, in order: a slot of a job whose
+    abandoned run still runs here goes to ``blocked``; at most one exclusive claim per job
+    per batch (the others would only find the job's lease taken by the first), none for a
+    job whose outcome is on its way — those wait, in order, for the next batch."""
+    exclusive = {c.job for c in claims if c.exclusive}
+    waiting: list[SlotClaim] = []
+    while pending and len(claims) < room:
+        claim = pending.popleft()
+        if claim.job in abandoned:
+            blocked.append(claim)
+            continue
+        if claim.exclusive and (claim.job in exclusive or claim.job in finishing):
+            waiting.append(claim)
+            continue
+        if claim.exclusive:
+            exclusive.add(claim.job)
+        claims.append(claim)
+    pending.extendleft(reversed(waiting))
 
 
 async def send_claims(

@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from fleetcron._log import log, says_progress
 from fleetcron.jobspec import JobSpec
 from fleetcron.models import JobRecord
+from fleetcron.schedules import AtSchedule, iso_utc
 from fleetcron.stores.base import AsyncStore
 
-__all__ = ["REGISTER_BATCH", "register"]
+__all__ = ["REGISTER_BATCH", "first_cursor", "register"]
 
 REGISTER_BATCH = 500
 """Job definitions per registration round trip."""
@@ -137,3 +138,22 @@ async def _unheld(
         else:
             unheld.append(spec)
     return unheld
+
+
+def first_cursor(spec: JobSpec, high_water: int | None, store_now: int) -> int:
+    """Where planning of a job just registered starts: a job new to the fleet now, a known
+    one after its last slot (``high_water``), so slots missed while every replica was down
+    meet the catch-up policy. A one-time job whose moment passed before any replica
+    planned it is said so, not silently dropped."""
+    if high_water is not None:
+        return high_water
+    if isinstance(spec.schedule, AtSchedule) and spec.schedule.moment_us <= store_now:
+        log.warning(
+            "%s: its one time (at = %s) had passed when it was first scheduled (store "
+            "time %s); it will not run — set a future time, or trigger it by hand",
+            spec.name,
+            iso_utc(spec.schedule.moment_us),
+            iso_utc(store_now),
+            extra={"action": "job_at_in_past", "job": spec.name},
+        )
+    return store_now

@@ -11,8 +11,11 @@ with it forces a reading at the next pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fleetcron.clock import Clock
 from fleetcron.metrics import Metrics
+from fleetcron.models import ClaimResult, SlotClaim
 from fleetcron.stores.base import AsyncStore
 
 __all__ = ["RESYNC_US", "TOLERANCE_US", "StoreClock"]
@@ -73,3 +76,21 @@ class StoreClock:
         high = received_us + self.offset_us + TOLERANCE_US
         if not low <= store_now_us <= high:
             self._synced_us = None
+
+    def learn(
+        self, answers: Sequence[tuple[SlotClaim, ClaimResult]], sent_us: int, received_us: int
+    ) -> None:
+        """What a batch of claims' answers tell of the store's clock: each run granted
+        carries the store's time; a slot refused ``not_due``, or ``missed`` before the
+        deadline the estimate had not reached, says the estimate runs ahead or behind."""
+        estimate = received_us + self.offset_us
+        for claim, answer in answers:
+            if answer.run is not None:
+                self.check(answer.run.now_us, sent_us, received_us)
+            elif answer.status == "not_due" or (
+                # Refused past a deadline the estimate had not reached: it runs behind.
+                answer.status == "missed"
+                and claim.deadline_us is not None
+                and claim.deadline_us > estimate + TOLERANCE_US
+            ):
+                self.doubt()
