@@ -448,7 +448,28 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         ...
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
-        """Every job row of the namespace, by name."""
+        """Every job row of the namespace, by name. Holds them all at once: a reader of
+        every job of a large namespace reads :meth:`job_page` after page instead."""
+        ...
+
+    def job_page(
+        self, namespace: str, after: str, limit: int, *, definitions: bool = True
+    ) -> Operation[list[JobRecord]]:
+        """Up to ``limit`` job rows of the namespace whose names come after ``after``
+        (``""``: from the first), in the store's order of names; fewer than ``limit``
+        means there are no more. The next page is the one after the last name of this
+        one, so reading page after page meets every row that stays in the namespace
+        meanwhile exactly once — each page is one read, not a snapshot of the whole.
+        Without ``definitions`` the rows come with ``""`` as their definition: the bulk
+        of a job row, which a reader of progress, fingerprints or signs of life never
+        needs, is then neither sent nor decoded.
+
+        The order is bytewise (that of Python's ``str``) on every backend but
+        PostgreSQL, which orders by the database's collation, the order of the job
+        table's primary key, so that a page is a range of that index, not a scan of the
+        namespace. Redis lists the namespace's job keys (a SCAN, as :meth:`job_list`)
+        for every page, and etcd reads the namespace's job table: there a page costs a
+        read of every name."""
         ...
 
     def job_namespaces(self) -> Operation[list[str]]:
