@@ -78,15 +78,16 @@ def test_no_parse_holds_more_than_one_part_of_a_large_file(
 def test_jobs_share_their_equal_values(tmp_path: Path) -> None:
     loaded = load(tmp_path, jobs_text(JOBS))
     first, other = loaded.jobs[0], loaded.jobs[840]  # the same cron line and command
+    second = loaded.jobs[1].target
     assert isinstance(first.target, CommandTarget)
-    assert isinstance(other.target, CommandTarget)
+    assert isinstance(second, CommandTarget)
 
     assert first.schedule is other.schedule
     assert first.timezone is other.timezone
     assert first.lock_at_most_us is other.lock_at_most_us
     assert first.catchup_window_us is other.catchup_window_us
     assert first.target is other.target  # the same argv
-    assert first.target.argv[0] is loaded.jobs[1].target.argv[0]
+    assert first.target.argv[0] is second.argv[0]
     assert first.name != other.name
 
 
