@@ -448,28 +448,22 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         ...
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
-        """Every job row of the namespace, by name. Holds them all at once: a reader of
-        every job of a large namespace reads :meth:`job_page` after page instead."""
+        """Every job row of the namespace, by name, all at once (see :meth:`job_page`)."""
         ...
 
     def job_page(
         self, namespace: str, after: str, limit: int, *, definitions: bool = True
     ) -> Operation[list[JobRecord]]:
-        """Up to ``limit`` job rows of the namespace whose names come after ``after``
-        (``""``: from the first), in the store's order of names; fewer than ``limit``
-        means there are no more. The next page is the one after the last name of this
-        one, so reading page after page meets every row that stays in the namespace
-        meanwhile exactly once — each page is one read, not a snapshot of the whole.
-        Without ``definitions`` the rows come with ``""`` as their definition: the bulk
-        of a job row, which a reader of progress, fingerprints or signs of life never
-        needs, is then neither sent nor decoded.
-
-        The order is bytewise (that of Python's ``str``) on every backend but
-        PostgreSQL, which orders by the database's collation, the order of the job
-        table's primary key, so that a page is a range of that index, not a scan of the
-        namespace. Redis lists the namespace's job keys (a SCAN, as :meth:`job_list`)
-        for every page, and etcd reads the namespace's job table: there a page costs a
-        read of every name."""
+        """Up to ``limit`` job rows of the namespace named after ``after`` (``""``: from
+        the first), in the store's order of names; fewer than ``limit``: no more. Page
+        after page (each after the last name of the one before) meets every row that
+        stays in the namespace once; each page is one read, not a snapshot of the whole.
+        Without ``definitions`` a row's definition is ``""``: the bulk of the row, which a
+        reader of progress or fingerprints never needs, is neither sent nor decoded. The
+        order is bytewise (Python's ``str``) but on PostgreSQL, whose order is the
+        database's collation (a page is a range of the primary key's index). Redis lists
+        the namespace's job keys (a SCAN) and etcd reads its job table for each page.
+        :mod:`fleetcron.stores.job_pages` reads them all."""
         ...
 
     def job_namespaces(self) -> Operation[list[str]]:
