@@ -24,6 +24,9 @@ the default), so that no slot falls due while it is measured: the figures are th
 replica holding its jobs, not of one running 100,000 commands at once. Daily cron lines
 spread over the day's minutes bring about 70 slots a minute, which run.
 
+``--restart`` measures a restart, as after a deploy: a first replica registers the jobs
+and stops once ready, then the measured one starts on a store that holds every definition.
+
 ``--trace`` runs the replica inside this script under ``tracemalloc`` (one frame) and
 writes, every ``--trace-every`` seconds, the traced total, ``VmRSS`` and the 25 source
 lines holding the most memory to ``<out>.trace.jsonl``: slower (about 2×), but it says
@@ -189,13 +192,40 @@ def one_run(args: argparse.Namespace, jobs: int, kind: str, backend: str) -> dic
         with fresh_store(backend, tmp, args.pg_url) as url:
             path = tmp / "jobs.toml"
             jobs_file(path, jobs, kind, url, namespace)
+            if args.restart:
+                register_first(path, url, namespace, tmp)
             if kind == "every" and args.align:
                 wait_for_boundary(3.0, args.duration + 60)
-            return measure(args, path, url, namespace, jobs, kind, backend, tmp)
+            result = measure(args, path, url, namespace, jobs, kind, backend, tmp)
+            result["restart"] = args.restart
+            return result
     finally:
         for child in tmp.iterdir():
             child.unlink(missing_ok=True)
         tmp.rmdir()
+
+
+def register_first(path: Path, url: str, namespace: str, tmp: Path) -> None:
+    """Run a replica until it is ready, then stop it: the store holds every definition,
+    as after a deploy, and the measured replica is a restart."""
+    print("a first replica registers the jobs", file=sys.stderr)
+    with (tmp / "first.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "fleetcron"), "run", str(path)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            while not replica_up(url, namespace):
+                if proc.poll() is not None:
+                    raise RuntimeError("the first replica exited before it was ready")
+                time.sleep(0.5)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+    while replica_up(url, namespace):  # its row goes when it stops cleanly
+        time.sleep(0.2)
 
 
 def measure(
@@ -336,7 +366,8 @@ def _range(values: list[float | None], spec: str) -> str:
 def markdown(runs: list[dict[str, Any]]) -> str:
     groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
     for run in runs:
-        groups.setdefault((run["jobs"], run["kind"], run["backend"]), []).append(run)
+        kind = run["kind"] + (" (restart)" if run.get("restart") else "")
+        groups.setdefault((run["jobs"], kind, run["backend"]), []).append(run)
     lines = [
         "| jobs | kind | store | runs | peak RSS (VmHWM) | RSS at the end | ready after "
         "| CPU at 90 s | CPU at the end |",
@@ -402,6 +433,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="start at once, even when a slot of `every` may fall due in the window",
     )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="measure a restart: a first replica registers the jobs, then stops",
+    )
     parser.add_argument("--trace", action="store_true", help="attribute memory (tracemalloc)")
     parser.add_argument("--trace-every", type=float, default=5.0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
@@ -423,10 +459,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     counts = [int(c) for c in args.sweep.split(",")] if args.sweep else [args.jobs]
     runs = []
-    for jobs in counts:
-        for kind in args.kind.split(","):
+    # Round after round, each kind in turn: a cron run fills the wait of the next `every`
+    # run for its 5-minute boundary.
+    for _ in range(args.runs):
+        for jobs in counts:
             for backend in args.backend.split(","):
-                for _ in range(args.runs):
+                for kind in args.kind.split(","):
                     run = one_run(args, jobs, kind, backend)
                     print(markdown([run]).splitlines()[-1], file=sys.stderr)
                     runs.append(run)
