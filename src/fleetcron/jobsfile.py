@@ -275,7 +275,9 @@ def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
         raise ConfigurationError(f"{where}: not UTF-8 text (byte {exc.start})") from None
     try:
         return _load(parts(text, "jobs"), file, now_us)
-    except Unsplittable:
+    except (Unsplittable, ConfigurationError):
+        # A mistake is told as the whole document tells it: the first one of its checks
+        # (a TOML error anywhere before a bad job), not the first part's.
         return _load(iter([_whole(text, where)]), file, now_us)
 
 
@@ -301,9 +303,8 @@ def _load(documents: Iterator[dict[str, Any]], file: Path, now_us: int | None) -
     specs: list[JobSpec] = []
     for document in itertools.chain([head], documents):
         if document is not head:
-            _check_keys(document, where)
-            if "fleetcron" in document:
-                raise Unsplittable("[fleetcron] after the first jobs")
+            if not set(document) <= {"jobs", "queues"}:
+                raise Unsplittable("[fleetcron] or an unknown table after the first jobs")
             later_queues.update(document.get("queues", {}))
         jobs_table = document.get("jobs", {})
         if not isinstance(jobs_table, dict):

@@ -146,6 +146,9 @@ def test_what_parts_cannot_read_alike_is_read_whole(
         (jobs_text(10) + "[[jobs.report-x]]\nevery = 1\n", "report-x"),
         (jobs_text(10) + '[surprise]\nkey = "value"\n', "unknown top-level key 'surprise'"),
         (jobs_text(10) + "[jobs.broken\n", "invalid TOML"),
+        ('[jobs.early]\nevery = "1m"\n' + jobs_text(10) + "[jobs.broken\n", "invalid TOML"),
+        ('[jobs.early]\nevery = "1m"\n' + jobs_text(10) + "[odd]\nx = 1\n", "'odd'"),
+        (jobs_text(10) + '[fleetcron]\nmode = "odd"\n[jobs.late]\nevery = "1m"\n', "'mode'"),
     ],
 )
 def test_a_mistake_across_parts_is_the_whole_documents_mistake(
