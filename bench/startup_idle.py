@@ -168,7 +168,7 @@ def one_run(args: argparse.Namespace, backend: str, kind: str, tmp: Path) -> dic
     base = POSTGRES if backend == "postgres" else backend
     with contextlib.ExitStack() as stack:
         if backend == "sqlite":
-            url = f"sqlite://{tmp / f'{kind}-{secrets.token_hex(3)}.db'}"
+            url = f"sqlite:///{tmp / f'{kind}-{secrets.token_hex(3)}.db'}"
         else:
             url = stack.enter_context(fresh_database(base, True))
         namespace = f"bench-idle-{secrets.token_hex(3)}"

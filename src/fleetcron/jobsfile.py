@@ -80,19 +80,22 @@ zone 'Europe/Berln'``, raised before anything touches a store.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NoReturn, get_args
+from typing import Any, Literal, NoReturn, get_args
 
 from fleetcron.errors import ConfigurationError
 from fleetcron.job_options import JobBuilder, check_job_name
 from fleetcron.jobspec import JobSpec, one_line, unique_jobs
 from fleetcron.names import validate_namespace
 from fleetcron.scheduling.queues import QueueSpec, load_queue_specs
+from fleetcron.toml_parts import Unsplittable, parts
 
 __all__ = ["MAX_JOBS_FILE_BYTES", "MODES", "JobsFile", "Mode", "load_jobs_file"]
 
@@ -105,6 +108,7 @@ _SETTINGS_KEYS = frozenset(
 # [fleetcron] keys that are every job's default (a job's own value wins).
 _RETENTION_KEYS = ("retention", "retention_keep", "alert_webhook")
 MAX_JOBS_FILE_BYTES = 16 * 1_048_576  # far above 10,000 jobs; a runaway file is refused
+_NO_JOBS = "{where}: no jobs: add a [jobs.NAME] table per job (or [queues.NAME] workers)"
 _DUPLICATE_JOB = re.compile(r"Cannot declare \('jobs', (['\"])(.*)\1\) twice (\(.*\))")
 
 
@@ -257,45 +261,72 @@ def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
 
     ``call`` modules are imported with the file's directory first on ``sys.path``.
     ``now_us`` anchors the year over which the shortest cron interval is measured.
+
+    The file is parsed a few hundred jobs at a time (:mod:`fleetcron.toml_parts`), each
+    part's jobs built before the next part is parsed, so a file of 100,000 jobs never
+    holds its whole parsed document; equal values of different jobs (durations, time
+    zones, schedules, command arguments) are one object.
     """
     where = str(path)
     file = Path(path)
-    raw = _read_limited(file, where)
     try:
-        document = tomllib.loads(raw.decode("utf-8"))
+        text = _read_limited(file, where).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigurationError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return _load(parts(text, "jobs"), file, now_us)
+    except (Unsplittable, ConfigurationError):
+        # A mistake is told as the whole document tells it: the first one of its checks
+        # (a TOML error anywhere before a bad job), not the first part's.
+        return _load(iter([_whole(text, where)]), file, now_us)
+
+
+def _whole(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigurationError(_toml_error(where, exc)) from None
 
-    for key in document:
-        if key not in ("fleetcron", "jobs", "queues"):
-            raise ConfigurationError(
-                f"{where}: unknown top-level key {key!r} "
-                "(expected a [fleetcron] table, [jobs.NAME] and [queues.NAME] tables)"
-            )
-    settings = _settings(document.get("fleetcron", {}), where)
+
+def _load(documents: Iterator[dict[str, Any]], file: Path, now_us: int | None) -> JobsFile:
+    """The jobs file of ``documents``: the whole document, or its parts in order (the
+    first one holding the ``[fleetcron]`` table); :class:`Unsplittable` when a later part
+    holds what must come first."""
+    where = str(file)
+    head = next(documents)
+    _check_keys(head, where)
+    settings = _settings(head.get("fleetcron", {}), where)
     base_dir = file.resolve().parent
-    queues = load_queue_specs(document.get("queues", {}), where=where, base_dir=base_dir)
-    jobs_table = document.get("jobs", {})
-    if not isinstance(jobs_table, dict) or not (jobs_table or queues):
-        raise ConfigurationError(
-            f"{where}: no jobs: add a [jobs.NAME] table per job (or [queues.NAME] workers)"
-        )
+    queues = load_queue_specs(head.get("queues", {}), where=where, base_dir=base_dir)
+    later_queues: dict[str, object] = {}
+    shared: dict[type, dict[Any, Any]] = {}
     specs: list[JobSpec] = []
-    for name, options in jobs_table.items():
-        checked = check_job_name(name, where)
-        if not isinstance(options, dict):
-            raise ConfigurationError(f"{where}: job {name!r}: must be a table [jobs.{name}]")
-        builder = JobBuilder(
-            checked,
-            settings.job_options(options),
-            where=where,
-            from_toml=True,
-            base_dir=base_dir,
-            now_us=now_us,
-        )
-        specs.append(builder.build())
+    for document in itertools.chain([head], documents):
+        if document is not head:
+            if not set(document) <= {"jobs", "queues"}:
+                raise Unsplittable("[fleetcron] or an unknown table after the first jobs")
+            later_queues.update(document.get("queues", {}))
+        jobs_table = document.get("jobs", {})
+        if not isinstance(jobs_table, dict):
+            raise ConfigurationError(_NO_JOBS.format(where=where))
+        for name, options in jobs_table.items():
+            checked = check_job_name(name, where)
+            if not isinstance(options, dict):
+                raise ConfigurationError(f"{where}: job {name!r}: must be a table [jobs.{name}]")
+            builder = JobBuilder(
+                checked,
+                settings.job_options(options),
+                where=where,
+                from_toml=True,
+                base_dir=base_dir,
+                now_us=now_us,
+                shared=shared,
+            )
+            specs.append(builder.build())
+    if later_queues:
+        queues += load_queue_specs(later_queues, where=where, base_dir=base_dir)
+    if not (specs or queues):
+        raise ConfigurationError(_NO_JOBS.format(where=where))
     return JobsFile(
         jobs=unique_jobs(specs, where=where),
         queues=queues,
@@ -307,3 +338,12 @@ def load_jobs_file(path: str | Path, *, now_us: int | None = None) -> JobsFile:
         retention_keep=settings.retention_keep,
         alert_webhook=_text(settings.job_defaults.get("alert_webhook")),
     )
+
+
+def _check_keys(document: dict[str, Any], where: str) -> None:
+    for key in document:
+        if key not in ("fleetcron", "jobs", "queues"):
+            raise ConfigurationError(
+                f"{where}: unknown top-level key {key!r} "
+                "(expected a [fleetcron] table, [jobs.NAME] and [queues.NAME] tables)"
+            )

@@ -7,6 +7,7 @@ import difflib
 
 from fleetcron.names import NAMESPACE_ENV
 from fleetcron.stores import SyncStore
+from fleetcron.stores.job_pages import job_pages_sync
 
 __all__ = ["elsewhere"]
 
@@ -17,7 +18,7 @@ def _counted(store: SyncStore, namespaces: list[str]) -> str:
     """``'example' (2 jobs)``, … for each of ``namespaces``."""
     parts = []
     for namespace in namespaces:
-        jobs = len(store.run(store.ops.job_list(namespace)))
+        jobs = sum(len(rows) for rows in job_pages_sync(store, namespace))
         parts.append(f"{namespace!r} ({jobs} job{'' if jobs == 1 else 's'})")
     return ", ".join(parts)
 

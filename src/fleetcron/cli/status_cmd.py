@@ -158,7 +158,9 @@ def run(args: argparse.Namespace) -> int:
         if status.unknown_jobs:
             listed = ", ".join(status.unknown_jobs)
             problem = f"no job named {listed} in namespace {namespace!r}"
-            if not status.jobs and not store.run(store.ops.job_list(namespace)):
+            if not status.jobs and not store.run(
+                store.ops.job_page(namespace, "", 1, definitions=False)
+            ):
                 problem += f", which has no jobs ({elsewhere(store, namespace, chosen)})"
         elif not status.jobs and (args.check or _empty(status)):
             problem = (

@@ -28,6 +28,7 @@ from fleetcron.models import LEADER_LEASE
 from fleetcron.scheduling.definitions import Definitions
 from fleetcron.scheduling.planning import PlannedJob
 from fleetcron.stores.base import AsyncStore
+from fleetcron.stores.job_pages import job_pages
 
 __all__ = ["LEADER_LEASE", "Elector", "ElectorSignals", "follow_leader"]
 
@@ -125,18 +126,18 @@ async def follow_leader(
     """A standby keeps up with the leader's progress (each job's high-water mark), so it
     takes over where the leader stopped instead of walking every slot since it started."""
     try:
-        rows = await store.run(store.ops.job_list(namespace))
+        # A page at a time, without the definitions: the fingerprints and progress suffice.
+        async for rows in job_pages(store, namespace):
+            for row in rows:
+                job = jobs.get(row.job)
+                if job is None:
+                    continue
+                definitions.stored(row.job, row.fingerprint, row.now_us)
+                if row.high_water_us is not None:
+                    job.cursor_us = max(job.cursor_us, row.high_water_us)
     except StoreError as exc:
         log.warning(
             "reading the leader's progress failed: %s",
             exc,
             extra={"action": "store_unavailable"},
         )
-        return
-    for row in rows:
-        job = jobs.get(row.job)
-        if job is None:
-            continue
-        definitions.stored(row.job, row.fingerprint, row.now_us)
-        if row.high_water_us is not None:
-            job.cursor_us = max(job.cursor_us, row.high_water_us)

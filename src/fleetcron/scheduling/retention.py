@@ -31,6 +31,7 @@ from fleetcron.job_options import check_job_name
 from fleetcron.jobspec import DEFAULT_RETENTION, MAX_COUNT, JobSpec, Retention
 from fleetcron.models import JobRecord, micros_to_datetime
 from fleetcron.stores.base import AsyncStore, Operation, Operations, SyncStore
+from fleetcron.stores.job_pages import after_page, job_pages, page_of
 
 __all__ = [
     "COUNT_LIMIT",
@@ -206,25 +207,28 @@ def prune_runs_plan(
     the store's), with ``older_than`` and ``keep`` replacing its parts; rows deleted (or,
     ``dry_run``, counted) per job."""
     override = manual_rule(DEFAULT_RETENTION, older_than, keep)  # checked before any I/O
-    if job is None:
-        rows: list[JobRecord] = yield ops.job_list(namespace)
-    else:
-        row: JobRecord | None = yield ops.job_get(namespace, check_job_name(job, "job"))
-        if row is None:
-            raise ConfigurationError(
-                f"no job {job!r} in namespace {namespace!r} (jobs register when a replica runs)"
-            )
-        rows = [row]
     pruned: dict[str, int] = {}
-    for row in rows:
-        rule = registered_retention(row, default)
-        rule = Retention(
-            older_than_us=rule.older_than_us if older_than is None else override.older_than_us,
-            keep=rule.keep if keep is None else override.keep,
-        )
-        count = yield from _job_runs_plan(ops, namespace, row.job, rule, dry_run)
-        if count:
-            pruned[row.job] = count
+    after: str | None = ""
+    while after is not None:
+        if job is None:
+            rows: list[JobRecord] = yield page_of(ops, namespace, after, definitions=True)
+            after = after_page(rows)
+        else:
+            row: JobRecord | None = yield ops.job_get(namespace, check_job_name(job, "job"))
+            if row is None:
+                raise ConfigurationError(
+                    f"no job {job!r} in namespace {namespace!r} (jobs register when a replica runs)"
+                )
+            rows, after = [row], None
+        for row in rows:
+            rule = registered_retention(row, default)
+            rule = Retention(
+                older_than_us=rule.older_than_us if older_than is None else override.older_than_us,
+                keep=rule.keep if keep is None else override.keep,
+            )
+            count = yield from _job_runs_plan(ops, namespace, row.job, rule, dry_run)
+            if count:
+                pruned[row.job] = count
     return pruned
 
 
@@ -252,23 +256,26 @@ def prune_jobs_plan(
     """``Fleet.prune_jobs``: every job row idle for ``idle_us``, deleted (with its finished
     runs) unless it has a queued or running run."""
     found: list[OrphanJob] = []
-    rows: list[JobRecord] = yield ops.job_list(namespace)
-    for row in rows:
-        if not orphaned(row, idle_us):
-            continue
-        deleted: bool = yield ops.job_delete(namespace, row.job, dry_run)
-        runs = 0
-        if deleted:
-            runs = yield from _job_runs_plan(ops, namespace, row.job, Retention(0, 0), dry_run)
-        found.append(
-            OrphanJob(
-                job=row.job,
-                last_seen_us=last_seen_us(row),
-                now_us=row.now_us,
-                deleted=deleted,
-                runs=runs,
+    after: str | None = ""
+    while after is not None:
+        rows: list[JobRecord] = yield page_of(ops, namespace, after)
+        after = after_page(rows)
+        for row in rows:
+            if not orphaned(row, idle_us):
+                continue
+            deleted: bool = yield ops.job_delete(namespace, row.job, dry_run)
+            runs = 0
+            if deleted:
+                runs = yield from _job_runs_plan(ops, namespace, row.job, Retention(0, 0), dry_run)
+            found.append(
+                OrphanJob(
+                    job=row.job,
+                    last_seen_us=last_seen_us(row),
+                    now_us=row.now_us,
+                    deleted=deleted,
+                    runs=runs,
+                )
             )
-        )
     return found
 
 
@@ -351,20 +358,22 @@ class Pruner:
         return result
 
     async def _report_orphans(self) -> None:
-        rows = await self.store.run(self.store.ops.job_list(self.namespace))
-        for row in rows:
-            if row.job in self.specs or row.job in self._reported:
-                continue
-            if not orphaned(row, self.orphan_after_us):
-                continue
-            self._reported.add(row.job)
-            seen = last_seen_us(row)
-            log.warning(
-                "job %s: no replica registered, claimed or finished it for %s (since %s) "
-                "and this replica does not define it; its rows stay until "
-                "`fleetcron prune --jobs`",
-                row.job,
-                format_duration(row.now_us - seen),
-                micros_to_datetime(seen).isoformat(),
-                extra={"action": "job_orphaned", "job": row.job, "last_seen_us": seen},
-            )
+        # A page at a time, without the definitions: only the signs of life are read.
+        async for rows in job_pages(self.store, self.namespace):
+            for row in rows:
+                if row.job not in self.specs and row.job not in self._reported:
+                    if orphaned(row, self.orphan_after_us):
+                        self._report(row)
+
+    def _report(self, row: JobRecord) -> None:
+        self._reported.add(row.job)
+        seen = last_seen_us(row)
+        log.warning(
+            "job %s: no replica registered, claimed or finished it for %s (since %s) "
+            "and this replica does not define it; its rows stay until "
+            "`fleetcron prune --jobs`",
+            row.job,
+            format_duration(row.now_us - seen),
+            micros_to_datetime(seen).isoformat(),
+            extra={"action": "job_orphaned", "job": row.job, "last_seen_us": seen},
+        )

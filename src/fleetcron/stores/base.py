@@ -458,7 +458,22 @@ class Operations(QueueOperations, CheckpointOperations, Protocol):
         ...
 
     def job_list(self, namespace: str) -> Operation[list[JobRecord]]:
-        """Every job row of the namespace, by name."""
+        """Every job row of the namespace, by name, all at once (see :meth:`job_page`)."""
+        ...
+
+    def job_page(
+        self, namespace: str, after: str, limit: int, *, definitions: bool = True
+    ) -> Operation[list[JobRecord]]:
+        """Up to ``limit`` job rows of the namespace named after ``after`` (``""``: from
+        the first), in the store's order of names; fewer than ``limit``: no more. Page
+        after page (each after the last name of the one before) meets every row that
+        stays in the namespace once; each page is one read, not a snapshot of the whole.
+        Without ``definitions`` a row's definition is ``""``: the bulk of the row, which a
+        reader of progress or fingerprints never needs, is neither sent nor decoded. The
+        order is bytewise (Python's ``str``) but on PostgreSQL, whose order is the
+        database's collation (a page is a range of the primary key's index). Redis lists
+        the namespace's job keys (a SCAN) and etcd reads its job table for each page.
+        :mod:`fleetcron.stores.job_pages` reads them all."""
         ...
 
     def job_namespaces(self) -> Operation[list[str]]:

@@ -384,6 +384,19 @@ class MemoryLedger:
         result: list[JobRecord] = yield atomic(step)
         return result
 
+    def job_page(
+        self, namespace: str, after: str, limit: int, *, definitions: bool = True
+    ) -> Operation[list[JobRecord]]:
+        def step(state: State, now: int) -> list[JobRecord]:
+            names = sorted(job for (ns, job) in state.jobs if ns == namespace and job > after)
+            rows = [state.jobs[namespace, job] for job in names[: max(limit, 0)]]
+            if definitions:
+                return [replace(row, now_us=now) for row in rows]
+            return [replace(row, definition="", now_us=now) for row in rows]
+
+        result: list[JobRecord] = yield atomic(step)
+        return result
+
     def job_namespaces(self) -> Operation[list[str]]:
         def step(state: State, now: int) -> list[str]:
             return sorted({ns for ns, _ in state.jobs})

@@ -15,6 +15,7 @@ __all__ = [
     "glob_escape",
     "is_lease_key",
     "job_key",
+    "job_name",
     "job_namespace",
     "jobs_pattern",
     "lease_key",
@@ -86,6 +87,15 @@ def job_namespace(key: str) -> str | None:
         return None
     namespace, tail = rest[: int(length)], rest[int(length) :]
     return namespace if tail.startswith(":" + job_lease_name("")) else None
+
+
+def job_name(namespace: str, key: str) -> str | None:
+    """The job whose row ``key`` is in ``namespace`` (see :func:`job_key`), ``None`` for
+    another key."""
+    prefix, suffix = job_key(namespace, "").removesuffix("}:job"), "}:job"
+    if not key.startswith(prefix) or not key.endswith(suffix) or len(key) == len(prefix) + 5:
+        return None
+    return key[len(prefix) : -len(suffix)]
 
 
 def slots_pattern(namespace: str) -> str:

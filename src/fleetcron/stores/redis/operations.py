@@ -90,6 +90,7 @@ from fleetcron.stores.redis.keys import (
     all_jobs_pattern,
     is_lease_key,
     job_key,
+    job_name,
     job_namespace,
     jobs_pattern,
     lease_key,
@@ -465,6 +466,23 @@ class _RedisLedger:
         replies = yield fan_out("job_get", tuple(keys), ())
         jobs = [job for job in (job_of(namespace, reply) for reply in replies) if job]
         return sorted(jobs, key=lambda row: row.job)
+
+    def job_page(
+        self, namespace: str, after: str, limit: int, *, definitions: bool = True
+    ) -> Operation[list[JobRecord]]:
+        if limit <= 0:
+            return []
+        # The names come from the keys (a SCAN of names only); the rows of the page's alone.
+        keys = yield KeyScan(jobs_pattern(namespace))
+        names = sorted(
+            job for job in (job_name(namespace, key) for key in keys) if job and job > after
+        )
+        page = tuple(job_key(namespace, job) for job in names[:limit])
+        if not page:
+            return []
+        replies = yield fan_out("job_get" if definitions else "job_get_brief", page, ())
+        # A row deleted between the scan and the read is not there.
+        return [job for job in (job_of(namespace, reply) for reply in replies) if job]
 
     def job_namespaces(self) -> Operation[list[str]]:
         keys = yield KeyScan(all_jobs_pattern())

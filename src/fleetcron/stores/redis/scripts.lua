@@ -43,6 +43,13 @@ local function job_row(key)
   return {r[1], int(r[2]) or 0, r[3] or '{}', r[4] or '', int(r[5]), int(r[6]), int(r[7]),
           int(r[8]), now}
 end
+-- a job row without its definition ('' instead), false when absent (layout: row job)
+local function job_row_brief(key)
+  local r = redis.call('HMGET', key, 'job', 'paused', 'fingerprint', 'high_water',
+                       'last_success', 'last_failure', 'updated')
+  if not r[1] then return false end
+  return {r[1], int(r[2]) or 0, '', r[3] or '', int(r[4]), int(r[5]), int(r[6]), int(r[7]), now}
+end
 -- an optional argument: '' is NULL, else '=' .. value
 local function opt(v)
   if v == '' then return nil end
@@ -515,6 +522,13 @@ return 1
 -- uses: now, ledger
 -- KEYS[1] job row; returns the job row or false
 return job_row(KEYS[1])
+
+-- name: job_get_brief
+-- uses: now, ledger
+-- KEYS[1] job row; returns the job row with '' for its definition (job_page without
+-- definitions: the bulk of the row is not sent), or false
+local row = job_row_brief(KEYS[1])
+return row
 
 -- name: store_now
 -- uses: now

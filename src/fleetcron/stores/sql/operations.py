@@ -505,6 +505,15 @@ class SqlLedger:
         result: SqlResult = yield Query("job_list", {"namespace": namespace})
         return JOBS.all(result, namespace)
 
+    def job_page(
+        self, namespace: str, after: str, limit: int, *, definitions: bool = True
+    ) -> Operation[list[JobRecord]]:
+        if limit <= 0:
+            return []
+        params = {"namespace": namespace, "after": after, "limit": limit}
+        result: SqlResult = yield Query("job_page", {**params, "definitions": definitions})
+        return JOBS.all(result, namespace)
+
     def job_namespaces(self) -> Operation[list[str]]:
         result: SqlResult = yield Query("job_namespaces", {})
         return sorted(as_text(row[0]) for row in result.rows)

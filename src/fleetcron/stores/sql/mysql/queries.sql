@@ -587,6 +587,17 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
  WHERE namespace = %(namespace)s
  ORDER BY job;
 
+-- name: job_page
+-- A page of job_list: the rows after %(after)s, a range of the primary key (job is
+-- VARBINARY: bytewise); without definitions, not their text.
+SELECT job, paused, CASE WHEN %(definitions)s THEN definition ELSE '' END AS definition,
+       fingerprint, high_water_us, last_success_us, last_failure_us, updated_us,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS now_us
+  FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job > %(after)s
+ ORDER BY job
+ LIMIT %(limit)s;
+
 -- name: job_namespaces
 SELECT DISTINCT namespace FROM fleetcron_job;
 

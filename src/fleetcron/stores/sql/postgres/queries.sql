@@ -501,6 +501,17 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
  WHERE namespace = %(namespace)s
  ORDER BY job COLLATE "C";
 
+-- name: job_page
+-- A page of job_list: the rows after %(after)s in the collation of the primary key (a
+-- range of its index, not a sort of the namespace); without definitions, not their text.
+SELECT job, paused, CASE WHEN %(definitions)s::boolean THEN definition ELSE '' END AS definition,
+       fingerprint, high_water_us, last_success_us, last_failure_us, updated_us,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
+  FROM fleetcron_job
+ WHERE namespace = %(namespace)s AND job > %(after)s
+ ORDER BY job
+ LIMIT %(limit)s;
+
 -- name: job_namespaces
 SELECT DISTINCT namespace FROM fleetcron_job;
 

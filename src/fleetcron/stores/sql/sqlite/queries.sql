@@ -368,6 +368,17 @@ SELECT job, paused, definition, fingerprint, high_water_us, last_success_us,
  WHERE namespace = :namespace
  ORDER BY job;
 
+-- name: job_page
+-- A page of job_list: the rows after :after, a range of the primary key; without
+-- :definitions the definitions stay on their pages.
+SELECT job, paused, CASE WHEN :definitions THEN definition ELSE '' END AS definition,
+       fingerprint, high_water_us, last_success_us, last_failure_us, updated_us,
+       CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS now_us
+  FROM fleetcron_job
+ WHERE namespace = :namespace AND job > :after
+ ORDER BY job
+ LIMIT :limit;
+
 -- name: job_namespaces
 SELECT DISTINCT namespace FROM fleetcron_job;
 
