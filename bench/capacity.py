@@ -106,7 +106,7 @@ def job_options(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         minutes = max(1, int(5 / scale))
         return {"schedule": "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"}
     seconds = (300 if kind == "slow" else 60) / scale
-    return {"every": timedelta(seconds=seconds), "jitter": args.jitter}
+    return {"every": timedelta(seconds=seconds), "jitter": timedelta(seconds=seconds * args.jitter)}
 
 
 def job_specs(args: argparse.Namespace) -> list[Any]:
@@ -176,6 +176,18 @@ class Counted:
         return None
 
 
+PROBE_S = 0.1
+
+
+async def _probe_loop(lags: list[tuple[float, float]]) -> None:
+    """How late this process's event loop wakes a sleeper (``[wall time, ms late]``): with
+    hundreds of replicas in one process this, not the store, can be where lag comes from."""
+    while True:
+        before = time.monotonic()
+        await asyncio.sleep(PROBE_S)
+        lags.append((time.time(), (time.monotonic() - before - PROBE_S) * 1e3))
+
+
 def _write(path: str, text: str) -> None:
     """Write a file whole: the parent polls for it."""
     Path(path + ".tmp").write_text(text)
@@ -215,6 +227,8 @@ async def worker_main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop_lags: list[tuple[float, float]] = []
+    probe = asyncio.create_task(_probe_loop(loop_lags))
     tasks = []
     began = time.monotonic()
     for scheduler in schedulers:
@@ -224,6 +238,7 @@ async def worker_main(args: argparse.Namespace) -> None:
     ready = {"pid": os.getpid(), "start_s": time.monotonic() - began}
     _write(args.ready_file, json.dumps(ready))
     await stop.wait()
+    probe.cancel()
     for scheduler in schedulers:
         scheduler.stop()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -239,6 +254,7 @@ async def worker_main(args: argparse.Namespace) -> None:
         "executed": list(_EXECUTED),
         "ops": {str(k): dict(v) for k, v in by_second.items()},
         "ops_per_replica": [sum(c.values()) for c in counters],
+        "loop_lags": loop_lags,
     }
     _write(args.report_file, json.dumps(report))
 
@@ -262,6 +278,10 @@ def server_stats(url: str) -> dict[str, Any]:
             "SELECT coalesce(sum(seq_tup_read), 0), coalesce(sum(idx_tup_fetch), 0),"
             " coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
         ).fetchone()
+        tables = conn.execute(
+            "SELECT relname, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)"
+            " FROM pg_stat_user_tables"
+        ).fetchall()
         pids = [
             int(r[0])
             for r in conn.execute(
@@ -274,6 +294,7 @@ def server_stats(url: str) -> dict[str, Any]:
         "seq_tup_read": int(rows[0]) if rows else 0,
         "idx_tup_fetch": int(rows[1]) if rows else 0,
         "tup_written": int(rows[2]) if rows else 0,
+        "rows_read_by_table": {str(name): int(n) for name, n in tables},
         "backend_cpu": {str(pid): proc_cpu_s(pid) for pid in pids},
     }
 
@@ -334,7 +355,7 @@ def _run_one(args: argparse.Namespace, replicas: int, tmp: Path, url: str) -> di
                 "--url", url, "--namespace", namespace,
                 "--jobs", str(args.jobs), "--cron-share", str(args.cron_share),
                 "--fast-share", str(args.fast_share), "--every-scale", str(args.every_scale),
-                "--jitter", args.jitter, "--concurrency", str(args.concurrency),
+                "--jitter", str(args.jitter), "--concurrency", str(args.concurrency),
                 "--monitors", str(args.monitors), "--connections", str(connections),
                 "--first", str(first), "--count", str(count),
                 "--ready-file", str(ready[i]), "--report-file", str(reports[i]),
@@ -437,6 +458,7 @@ def summarise(
             if s_lo <= int(k) < s_hi:
                 by_name.update(counts)
     ops = sum(by_name.values())
+    loop_lags = [late for rep in reports for at, late in rep["loop_lags"] if s_lo <= at < s_hi]
     span_s = max(1e-9, (hi - lo) / 1e6)
     runs_per_s = len(runs) / span_s
     ops_per_run = ops / seconds / runs_per_s if runs_per_s else None
@@ -470,6 +492,10 @@ def summarise(
         "lag_ms_p99": percentile(lags_ms, 99),
         "lag_ms_max": max(lags_ms) if lags_ms else None,
         "runs_per_s": runs_per_s,
+        "event_loop_late_ms_p50": percentile(loop_lags, 50),
+        "event_loop_late_ms_p99": percentile(loop_lags, 99),
+        "event_loop_late_ms_max": max(loop_lags, default=None),
+        "store_ops_per_replica_s": ops / seconds / replicas,
         "count_seconds": seconds,
         "store_ops": ops,
         "store_ops_per_s": ops / seconds,
@@ -488,6 +514,10 @@ def summarise(
         "rows_read": rows_read,
         "rows_read_per_run": per_run(rows_read),
         "seq_tup_read_per_run": per_run(seq_read),
+        "rows_read_per_run_by_table": {
+            name: per_run(n - a["rows_read_by_table"].get(name, 0))
+            for name, n in sorted(b["rows_read_by_table"].items())
+        },
         "rows_written_per_run": per_run(b["tup_written"] - a["tup_written"]),
         "server_cpu_s": backend_cpu,
         "server_cpu_ms_per_run": None if not server_runs else 1e3 * backend_cpu / server_runs,
@@ -520,10 +550,10 @@ def _fmt(value: Any, spec: str = ",.2f") -> str:
 def markdown(results: list[dict[str, Any]]) -> str:
     head = (
         "| R | procs × conns | slots | once / twice / never / missed | runs/s "
-        "| store ops/run | store ops/s | xact/run | rows read/run | server CPU ms/run "
-        "| lag p50 / p99 (ms) |"
+        "| store ops/run | store ops/s | ops/replica/s | xact/run | rows read/run "
+        "| server CPU ms/run | lag p50 / p99 (ms) | worker loop late p99 (ms) |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 13]
     for res in results:
         m, s = res["meta"], res["summary"]
         conns = f"{m['processes']} × {m['connections_per_process']}" + (
@@ -533,9 +563,11 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"| {m['replicas']} | {conns} | {s['slots']:,} | {s['slots_run_once']:,} / "
             f"{s['slots_run_twice']} / {s['slots_never_run']} / {s['slots_missed']} "
             f"| {_fmt(s['runs_per_s'], ',.1f')} | {_fmt(s['store_ops_per_run'])} "
-            f"| {_fmt(s['store_ops_per_s'], ',.0f')} | {_fmt(s['xact_commit_per_run'])} "
+            f"| {_fmt(s['store_ops_per_s'], ',.0f')} | {_fmt(s['store_ops_per_replica_s'])} "
+            f"| {_fmt(s['xact_commit_per_run'])} "
             f"| {_fmt(s['rows_read_per_run'], ',.1f')} | {_fmt(s['server_cpu_ms_per_run'])} "
-            f"| {_fmt(s['lag_ms_p50'], ',.0f')} / {_fmt(s['lag_ms_p99'], ',.0f')} |"
+            f"| {_fmt(s['lag_ms_p50'], ',.0f')} / {_fmt(s['lag_ms_p99'], ',.0f')} "
+            f"| {_fmt(s['event_loop_late_ms_p99'], ',.0f')} |"
         )
     names: list[str] = []
     for res in results:
@@ -601,7 +633,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--every-scale", type=float, default=1.0, help="divide the `every` intervals by this"
     )
-    parser.add_argument("--jitter", default="0s", help="`jitter` of the every jobs")
+    parser.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="`jitter` of the every jobs, as a share of their interval (0 to 0.9)",
+    )
     parser.add_argument("--duration", "-d", type=float, default=120.0, help="seconds measured")
     parser.add_argument(
         "--settle",
@@ -646,6 +683,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error("--replicas: every R must be at least 1")
         if args.jobs < 1 or args.every_scale <= 0 or args.duration <= 0 or args.processes < 1:
             parser.error("--jobs, --every-scale, --duration and --processes must be positive")
+        if not 0 <= args.jitter <= 0.9:
+            parser.error("--jitter: a share of the interval, from 0 to 0.9")
         if not (0 <= args.cron_share + args.fast_share <= 1):
             parser.error("--cron-share + --fast-share must be between 0 and 1")
     return args
