@@ -82,21 +82,17 @@ def job_name(i: int) -> str:
 
 
 def job_kinds(args: argparse.Namespace) -> list[str]:
-    """Each job's kind, ``cron``, ``fast`` (1 m) or ``slow`` (5 m), spread evenly over the
-    names so that no kind sits on one end of the job list."""
-    kinds: list[str] = []
-    cron = fast = 0.0
-    for _ in range(args.jobs):
-        cron += args.cron_share
-        fast += args.fast_share
-        if cron >= 1:
-            cron -= 1
-            kinds.append("cron")
-        elif fast >= 1:
-            fast -= 1
-            kinds.append("fast")
-        else:
-            kinds.append("slow")
+    """Each job's kind, ``cron``, ``fast`` (1 m) or ``slow`` (5 m): ``round(N × share)``
+    of each, spread evenly over the names so that no kind sits on one end of the list."""
+    n = args.jobs
+    kinds = ["slow"] * n
+    n_cron = round(n * args.cron_share)
+    for k in range(n_cron):
+        kinds[k * n // n_cron] = "cron"
+    rest = [i for i in range(n) if kinds[i] == "slow"]
+    n_fast = min(len(rest), round(n * args.fast_share))
+    for k in range(n_fast):
+        kinds[rest[k * len(rest) // n_fast]] = "fast"
     return kinds
 
 
@@ -583,40 +579,48 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[dict[str, Any]], out: Path) -> None:
+def _series_label(results: list[dict[str, Any]]) -> str:
+    a, kinds = results[0]["meta"]["args"], results[0]["meta"]["job_kinds"]
+    jitter = f", jitter {a['jitter']}×" if a.get("jitter") not in (None, 0, "0s") else ""
+    return f"N={a['jobs']:,} ({kinds.get('cron', 0)} cron), every ÷ {a['every_scale']:g}{jitter}"
+
+
+def plot(series: list[list[dict[str, Any]]], out: Path) -> None:
+    """Store operations per run (all, and the largest operations of the first series) and
+    fire lag p99 against R, one line per series (one invocation's results)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    xs = [r["meta"]["replicas"] for r in results]
-    fig, (ops_ax, lag_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ops_ax.plot(xs, [r["summary"]["store_ops_per_run"] for r in results], "o-", label="all")
+    fig, (ops_ax, lag_ax) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for results in series:
+        xs = [r["meta"]["replicas"] for r in results]
+        label = _series_label(results)
+        ops_ax.plot(xs, [r["summary"]["store_ops_per_run"] for r in results], "o-", label=label)
+        lag_ax.plot(xs, [r["summary"]["lag_ms_p99"] for r in results], "o-", label=label)
+    last = series[0]
     names: list[str] = []
-    for res in results:
+    for res in last:
         names += [n for n in res["summary"]["store_ops_per_run_by_name"] if n not in names]
+    names.sort(key=lambda n: -(last[-1]["summary"]["store_ops_per_run_by_name"].get(n) or 0))
+    xs = [r["meta"]["replicas"] for r in last]
     for name in names[:6]:
-        ys = [r["summary"]["store_ops_per_run_by_name"].get(name, 0) for r in results]
-        ops_ax.plot(xs, ys, ".--", linewidth=1, label=name)
+        ys = [r["summary"]["store_ops_per_run_by_name"].get(name) or 0 for r in last]
+        ops_ax.plot(xs, ys, ".--", linewidth=1, label=f"  {name} ({_series_label(last)[:7]})")
     ops_ax.axhline(1.2, color="grey", linestyle=":", label="target 1.2")
     ops_ax.set_xscale("log")
     ops_ax.set_xlabel("replicas R")
     ops_ax.set_ylabel("store operations per run")
-    ops_ax.set_title("Store operations per run")
+    ops_ax.set_title("Store operations per run (counted in the replicas)")
     ops_ax.legend(fontsize=7)
-    lag_ax.plot(xs, [r["summary"]["lag_ms_p99"] for r in results], "o-", label="p99")
-    lag_ax.plot(xs, [r["summary"]["lag_ms_p50"] for r in results], "o-", label="p50")
     lag_ax.set_xscale("log")
+    lag_ax.set_yscale("log")
     lag_ax.set_xlabel("replicas R")
-    lag_ax.set_ylabel("fire lag (ms)")
-    lag_ax.set_title("Fire lag")
-    lag_ax.legend(fontsize=8)
-    a = results[0]["meta"]["args"]
-    fig.suptitle(
-        f"{a['jobs']:,} jobs ({results[0]['meta']['job_kinds']}), every ÷ {a['every_scale']:g},"
-        f" {a['duration']:g} s per R, PostgreSQL",
-        fontsize=9,
-    )
+    lag_ax.set_ylabel("fire lag p99 (ms)")
+    lag_ax.set_title("Fire lag p99 (slot + jitter → started, store clock)")
+    lag_ax.legend(fontsize=7)
+    fig.suptitle("bench/capacity.py on PostgreSQL, one 2-vCPU machine", fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -666,6 +670,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the run's database")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--plot", type=Path, default=PLOT, help="the plot (PNG)")
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        nargs="+",
+        help="no run: draw --plot from these results files (one line each) and print tables",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
@@ -695,13 +705,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         asyncio.run(worker_main(args))
         return 0
+    if args.replot:
+        series = [json.loads(path.read_text()) for path in args.replot]
+        for results in series:
+            print(f"{_series_label(results)}:\n\n{markdown(results)}\n")
+        plot(series, args.plot)
+        return 0
     results = []
     for replicas in args.replicas:
         results.append(run_one(args, replicas))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(markdown(results))
-    plot(results, args.plot)
+    plot([results], args.plot)
     print(f"\n(results: {args.out}; plot: {args.plot})", file=sys.stderr)
     return 0
 
