@@ -173,6 +173,7 @@ class Counted:
 
 
 PROBE_S = 0.1
+START_BATCH = 10
 
 
 async def _probe_loop(lags: list[tuple[float, float]]) -> None:
@@ -227,10 +228,12 @@ async def worker_main(args: argparse.Namespace) -> None:
     probe = asyncio.create_task(_probe_loop(loop_lags))
     tasks = []
     began = time.monotonic()
-    for scheduler in schedulers:
-        tasks.append(asyncio.create_task(scheduler.run()))
-        # Start a few at a time: R registrations at once only queue on the server.
-        await scheduler.signals.started.wait()
+    # Start START_BATCH at a time: hundreds of registrations at once only queue on the
+    # server, one at a time leaves the start-up of R = 100 at ~45 s.
+    for at in range(0, len(schedulers), START_BATCH):
+        batch = schedulers[at : at + START_BATCH]
+        tasks += [asyncio.create_task(scheduler.run()) for scheduler in batch]
+        await asyncio.gather(*(scheduler.signals.started.wait() for scheduler in batch))
     ready = {"pid": os.getpid(), "start_s": time.monotonic() - began}
     _write(args.ready_file, json.dumps(ready))
     await stop.wait()
@@ -278,6 +281,9 @@ def server_stats(url: str) -> dict[str, Any]:
             "SELECT relname, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)"
             " FROM pg_stat_user_tables"
         ).fetchall()
+        indexes = conn.execute(
+            "SELECT indexrelname, coalesce(idx_tup_read, 0) FROM pg_stat_user_indexes"
+        ).fetchall()
         pids = [
             int(r[0])
             for r in conn.execute(
@@ -291,6 +297,7 @@ def server_stats(url: str) -> dict[str, Any]:
         "idx_tup_fetch": int(rows[1]) if rows else 0,
         "tup_written": int(rows[2]) if rows else 0,
         "rows_read_by_table": {str(name): int(n) for name, n in tables},
+        "index_entries_read_by_index": {str(name): int(n) for name, n in indexes},
         "backend_cpu": {str(pid): proc_cpu_s(pid) for pid in pids},
     }
 
@@ -514,6 +521,10 @@ def summarise(
             name: per_run(n - a["rows_read_by_table"].get(name, 0))
             for name, n in sorted(b["rows_read_by_table"].items())
         },
+        "index_entries_read_per_run_by_index": {
+            name: per_run(n - a.get("index_entries_read_by_index", {}).get(name, 0))
+            for name, n in sorted(b.get("index_entries_read_by_index", {}).items())
+        },
         "rows_written_per_run": per_run(b["tup_written"] - a["tup_written"]),
         "server_cpu_s": backend_cpu,
         "server_cpu_ms_per_run": None if not server_runs else 1e3 * backend_cpu / server_runs,
@@ -565,17 +576,33 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"| {_fmt(s['lag_ms_p50'], ',.0f')} / {_fmt(s['lag_ms_p99'], ',.0f')} "
             f"| {_fmt(s['event_loop_late_ms_p99'], ',.0f')} |"
         )
+    for key, title in (
+        ("store_ops_per_run_by_name", "Store operations per run, by operation"),
+        (
+            "rows_read_per_run_by_table",
+            "Rows read per run (seq_tup_read + idx_tup_fetch), by table",
+        ),
+        ("index_entries_read_per_run_by_index", "Index entries read per run, by index"),
+    ):
+        lines += ["", f"{title}:", "", _breakdown(results, key)]
+    return "\n".join(lines)
+
+
+def _breakdown(results: list[dict[str, Any]], key: str) -> str:
+    """One row per name of ``summary[key]`` (largest at the largest R first), one column
+    per R; names that are 0 or absent at every R are left out."""
     names: list[str] = []
     for res in results:
-        names += [n for n in res["summary"]["store_ops_per_run_by_name"] if n not in names]
-    lines += ["", "Store operations per run, by operation:", ""]
-    lines.append(
-        "| operation | " + " | ".join(f"R={r['meta']['replicas']}" for r in results) + " |"
-    )
+        names += [n for n in res["summary"].get(key, {}) if n not in names]
+    last = results[-1]["summary"].get(key, {})
+    names.sort(key=lambda n: -(last.get(n) or 0))
+    lines = ["| | " + " | ".join(f"R={r['meta']['replicas']}" for r in results) + " |"]
     lines.append("|---|" + "---|" * len(results))
     for name in names:
-        cells = [_fmt(r["summary"]["store_ops_per_run_by_name"].get(name), ".3f") for r in results]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        values = [r["summary"].get(key, {}).get(name) for r in results]
+        if not any(values):
+            continue
+        lines.append(f"| {name} | " + " | ".join(_fmt(v, ",.3f") for v in values) + " |")
     return "\n".join(lines)
 
 
