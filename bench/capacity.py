@@ -386,6 +386,9 @@ def _run_one(args: argparse.Namespace, replicas: int, tmp: Path, url: str) -> di
         window["rss_mb"] = [rss_mb(p.pid) or 0.0 for p in procs]
         window["end_us"] = store_call(url, lambda ops: ops.store_now())
         window["wall_end"] = time.time()
+        # The slots due just before the window's end are claimed after it: keep the
+        # replicas running so that a late claim is not counted as a slot never run.
+        time.sleep(args.tail)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -676,6 +679,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=12.0,
         help="seconds between the last start and the window (a ring read)",
+    )
+    parser.add_argument(
+        "--tail",
+        type=float,
+        default=10.0,
+        help="seconds the replicas keep running after the window (its last slots' claims)",
     )
     parser.add_argument("--processes", "-p", type=int, default=2, help="P worker processes")
     parser.add_argument(
