@@ -579,8 +579,14 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"| {_fmt(s['lag_ms_p50'], ',.0f')} / {_fmt(s['lag_ms_p99'], ',.0f')} "
             f"| {_fmt(s['event_loop_late_ms_p99'], ',.0f')} |"
         )
+    for res in results:  # what each replica costs whatever the runs: the per-R growth
+        summary, r = res["summary"], res["meta"]["replicas"]
+        summary["store_ops_per_replica_s_by_name"] = {
+            name: n / r for name, n in summary["store_ops_per_s_by_name"].items()
+        }
     for key, title in (
         ("store_ops_per_run_by_name", "Store operations per run, by operation"),
+        ("store_ops_per_replica_s_by_name", "Store operations per replica per second"),
         (
             "rows_read_per_run_by_table",
             "Rows read per run (seq_tup_read + idx_tup_fetch), by table",
