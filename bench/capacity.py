@@ -635,6 +635,15 @@ def plot(series: list[list[dict[str, Any]]], out: Path) -> None:
         label = _series_label(results)
         ops_ax.plot(xs, [r["summary"]["store_ops_per_run"] for r in results], "o-", label=label)
         lag_ax.plot(xs, [r["summary"]["lag_ms_p99"] for r in results], "o-", label=label)
+        for ax, key in ((ops_ax, "store_ops_per_run"), (lag_ax, "lag_ms_p99")):
+            bad = [r for r in results if r["summary"]["slots_never_run"]]
+            ax.plot(
+                [r["meta"]["replicas"] for r in bad],
+                [r["summary"][key] for r in bad],
+                "rx",
+                markersize=11,
+                label="slots not run" if results is series[-1] else None,
+            )
     last = series[0]
     names: list[str] = []
     for res in last:
@@ -643,7 +652,8 @@ def plot(series: list[list[dict[str, Any]]], out: Path) -> None:
     xs = [r["meta"]["replicas"] for r in last]
     for name in names[:6]:
         ys = [r["summary"]["store_ops_per_run_by_name"].get(name) or 0 for r in last]
-        ops_ax.plot(xs, ys, ".--", linewidth=1, label=f"  {name} ({_series_label(last)[:7]})")
+        jobs = last[0]["meta"]["args"]["jobs"]
+        ops_ax.plot(xs, ys, ".--", linewidth=1, label=f"  {name} (N={jobs:,})")
     ops_ax.axhline(1.2, color="grey", linestyle=":", label="target 1.2")
     ops_ax.set_xscale("log")
     ops_ax.set_xlabel("replicas R")
