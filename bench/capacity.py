@@ -130,6 +130,8 @@ class Pool:
 
     def __init__(self, stores: list[Any]) -> None:
         self.stores = stores
+        self.waits: list[tuple[float, float]] = []
+        """``[wall time, ms waited for a free connection]`` of each operation."""
         self._free: asyncio.Queue[Any] = asyncio.Queue()
         for store in stores:
             self._free.put_nowait(store)
@@ -138,7 +140,9 @@ class Pool:
         return getattr(self.stores[0], name)
 
     async def run(self, operation: Any) -> Any:
+        before = time.monotonic()
         store = await self._free.get()
+        self.waits.append((time.time(), (time.monotonic() - before) * 1e3))
         try:
             return await store.run(operation)
         finally:
@@ -254,6 +258,7 @@ async def worker_main(args: argparse.Namespace) -> None:
         "ops": {str(k): dict(v) for k, v in by_second.items()},
         "ops_per_replica": [sum(c.values()) for c in counters],
         "loop_lags": loop_lags,
+        "pool_waits": [] if pool is None else pool.waits,
     }
     _write(args.report_file, json.dumps(report))
 
@@ -464,6 +469,9 @@ def summarise(
             if s_lo <= int(k) < s_hi:
                 by_name.update(counts)
     ops = sum(by_name.values())
+    pool_waits = [
+        waited for rep in reports for at, waited in rep.get("pool_waits", []) if s_lo <= at < s_hi
+    ]
     loop_lags = [late for rep in reports for at, late in rep["loop_lags"] if s_lo <= at < s_hi]
     span_s = max(1e-9, (hi - lo) / 1e6)
     runs_per_s = len(runs) / span_s
@@ -502,6 +510,8 @@ def summarise(
         "event_loop_late_ms_p99": percentile(loop_lags, 99),
         "event_loop_late_ms_max": max(loop_lags, default=None),
         "store_ops_per_replica_s": ops / seconds / replicas,
+        "pool_wait_ms_p99": percentile(pool_waits, 99),
+        "pool_wait_ms_max": max(pool_waits, default=None),
         "count_seconds": seconds,
         "store_ops": ops,
         "store_ops_per_s": ops / seconds,
@@ -561,7 +571,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
     head = (
         "| R | procs × conns | slots | once / twice / never / missed | runs/s "
         "| store ops/run | store ops/s | ops/replica/s | xact/run | rows read/run "
-        "| server CPU ms/run | lag p50 / p99 (ms) | worker loop late p99 (ms) |"
+        "| server CPU ms/run | lag p50 / p99 (ms) | worker loop late / pool wait p99 (ms) |"
     )
     lines = [head, "|" + "---|" * 13]
     for res in results:
@@ -577,7 +587,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"| {_fmt(s['xact_commit_per_run'])} "
             f"| {_fmt(s['rows_read_per_run'], ',.1f')} | {_fmt(s['server_cpu_ms_per_run'])} "
             f"| {_fmt(s['lag_ms_p50'], ',.0f')} / {_fmt(s['lag_ms_p99'], ',.0f')} "
-            f"| {_fmt(s['event_loop_late_ms_p99'], ',.0f')} |"
+            f"| {_fmt(s['event_loop_late_ms_p99'], ',.0f')} / "
+            f"{_fmt(s.get('pool_wait_ms_p99'), ',.0f')} |"
         )
     for res in results:  # what each replica costs whatever the runs: the per-R growth
         summary, r = res["summary"], res["meta"]["replicas"]
