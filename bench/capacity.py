@@ -158,10 +158,17 @@ class Counted:
     """One replica's face of its store: counts ``run()`` by operation name and second, in
     counters shared by the replicas of the process; closing it leaves the store open."""
 
-    def __init__(self, inner: Any, by_second: dict[int, Counter[str]], total: Counter[str]):
+    def __init__(
+        self,
+        inner: Any,
+        by_second: dict[int, Counter[str]],
+        total: Counter[str],
+        times: dict[str, list[tuple[float, float]]],
+    ) -> None:
         self._inner = inner
         self._by_second = by_second
         self.total = total
+        self._times = times  # by operation: [wall time, ms from call to answer]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -170,7 +177,11 @@ class Counted:
         name = getattr(operation, "__name__", type(operation).__name__)
         self._by_second[int(time.time())][name] += 1
         self.total[name] += 1
-        return await self._inner.run(operation)
+        before = time.monotonic()
+        try:
+            return await self._inner.run(operation)
+        finally:
+            self._times[name].append((time.time(), (time.monotonic() - before) * 1e3))
 
     async def close(self) -> None:
         return None
@@ -208,12 +219,13 @@ async def worker_main(args: argparse.Namespace) -> None:
     stores = [await open_async_store(url) for _ in range(count if own else args.connections)]
     pool = None if own else Pool(stores)
     by_second: dict[int, Counter[str]] = defaultdict(Counter)
+    times: dict[str, list[tuple[float, float]]] = defaultdict(list)
     schedulers = []
     counters = []
     for k in range(count):
         index = first + k
         counter: Counter[str] = Counter()
-        counted = Counted(stores[k] if pool is None else pool, by_second, counter)
+        counted = Counted(stores[k] if pool is None else pool, by_second, counter, times)
         monitor = args.monitors < 0 or index < args.monitors
         options = SchedulerOptions(
             namespace=args.namespace,
@@ -259,6 +271,7 @@ async def worker_main(args: argparse.Namespace) -> None:
         "ops_per_replica": [sum(c.values()) for c in counters],
         "loop_lags": loop_lags,
         "pool_waits": [] if pool is None else pool.waits,
+        "op_times": times,
     }
     _write(args.report_file, json.dumps(report))
 
@@ -472,6 +485,10 @@ def summarise(
     pool_waits = [
         waited for rep in reports for at, waited in rep.get("pool_waits", []) if s_lo <= at < s_hi
     ]
+    op_times: dict[str, list[float]] = defaultdict(list)
+    for rep in reports:
+        for name, pairs in rep.get("op_times", {}).items():
+            op_times[name] += [ms for at, ms in pairs if s_lo <= at < s_hi]
     loop_lags = [late for rep in reports for at, late in rep["loop_lags"] if s_lo <= at < s_hi]
     span_s = max(1e-9, (hi - lo) / 1e6)
     runs_per_s = len(runs) / span_s
@@ -512,6 +529,11 @@ def summarise(
         "store_ops_per_replica_s": ops / seconds / replicas,
         "pool_wait_ms_p99": percentile(pool_waits, 99),
         "pool_wait_ms_max": max(pool_waits, default=None),
+        "op_ms_p50_p99_max_by_name": {
+            name: [percentile(ms, 50), percentile(ms, 99), max(ms)]
+            for name, ms in sorted(op_times.items())
+            if ms
+        },
         "count_seconds": seconds,
         "store_ops": ops,
         "store_ops_per_s": ops / seconds,
