@@ -21,6 +21,7 @@ from typing import Final
 
 from fleetcron.errors import ConfigurationError
 from fleetcron.schedules import from_datetime
+from fleetcron.slot_lease import CANCEL_NOTE_PREFIX
 from fleetcron.stores.base import Operation, Operations
 
 __all__ = [
@@ -64,7 +65,7 @@ def cancel_note(by: object, where: str = "by") -> str:
     # stored at all.
     if any(unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp") for char in who):
         raise ConfigurationError(f"{where} must be printable text on one line, not {who!r}")
-    return f"cancelled by {who}"
+    return f"{CANCEL_NOTE_PREFIX}{who}"
 
 
 def requested_slot(slot: object) -> int | None:

@@ -25,6 +25,7 @@ from fleetcron.models import LeaseRecord, RunFinish, RunOutcome, RunRecord
 from fleetcron.stores.base import AsyncStore, SyncStore
 
 __all__ = [
+    "CANCEL_NOTE_PREFIX",
     "CANCEL_REQUESTED",
     "CANCEL_WATCH_S",
     "AsyncSlotLease",
@@ -65,7 +66,8 @@ Recorder = Callable[[RunFinish], Awaitable[bool]]
 CANCEL_REQUESTED = "cancel requested"
 """The reason a cancelled attempt is recorded with when the request names nobody
 (``overlap = "cancel_other"``)."""
-_BY_PREFIX = "cancelled by "
+CANCEL_NOTE_PREFIX = "cancelled by "
+"""How a cancel request's note names who asked (``cancelled by alice@host``)."""
 
 
 def cancel_reason(row: RunRecord) -> str:
@@ -73,7 +75,7 @@ def cancel_reason(row: RunRecord) -> str:
     so (``cancelled by alice@host``, kept in the row's ``error`` until the outcome
     replaces it), else :data:`CANCEL_REQUESTED`."""
     note = row.error
-    return note if note is not None and note.startswith(_BY_PREFIX) else CANCEL_REQUESTED
+    return note if note is not None and note.startswith(CANCEL_NOTE_PREFIX) else CANCEL_REQUESTED
 
 
 class AsyncSlotLease(AsyncLease):

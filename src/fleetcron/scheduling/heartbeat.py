@@ -116,7 +116,11 @@ class Heartbeat:
                     )
                 )
             except StoreError as exc:
-                log.debug("announcing failed: %s", exc, extra={"action": "replica_beat_failed"})
+                log.debug(
+                    "announcing a membership change failed: %s",
+                    exc,
+                    extra={"action": "members_announce_failed"},
+                )
                 return
             if taken is not None:
                 return
